@@ -1,0 +1,34 @@
+"""rmqkit: RabbitMQ consumers that lose nothing and never loop on poison."""
+
+from rmqkit._version import __version__
+from rmqkit.errors import (
+    AccessRefused,
+    BrokerError,
+    BrokerUnavailable,
+    ConfigError,
+    DataError,
+    ExitCode,
+    PartialSuccess,
+    RmqkitError,
+    TopologyConflict,
+    TopologyFileError,
+    UsageError,
+)
+from rmqkit.settings import Settings, load_settings
+
+__all__ = [
+    "AccessRefused",
+    "BrokerError",
+    "BrokerUnavailable",
+    "ConfigError",
+    "DataError",
+    "ExitCode",
+    "PartialSuccess",
+    "RmqkitError",
+    "Settings",
+    "TopologyConflict",
+    "TopologyFileError",
+    "UsageError",
+    "__version__",
+    "load_settings",
+]

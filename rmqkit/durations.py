@@ -1,0 +1,35 @@
+"""Durations as topology files and flags spell them: ``500ms``, ``5s``, ``2m``, ``1h``."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+
+
+def parse_duration_ms(text: str) -> int:
+    """Parse ``text`` into whole milliseconds; raises ValueError with a hint otherwise."""
+    match = _DURATION.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(
+            f"bad duration {text!r}: use a number with ms, s, m or h (e.g. 500ms, 5s, 2m, 1h)"
+        )
+    value = float(match.group(1)) * _UNITS_MS[match.group(2)]
+    if value != int(value):
+        raise ValueError(f"bad duration {text!r}: below one millisecond")
+    if value <= 0:
+        raise ValueError(f"bad duration {text!r}: must be greater than zero")
+    return int(value)
+
+
+def format_duration_ms(ms: int) -> str:
+    """The shortest exact spelling of ``ms``: 1000 → ``1s``, 120000 → ``2m``, 1500 → ``1500ms``.
+
+    Queue names are built from it, so it must be stable and round-trip through parsing.
+    """
+    for unit in ("h", "m", "s"):
+        size = _UNITS_MS[unit]
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"

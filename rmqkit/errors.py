@@ -1,0 +1,109 @@
+"""One exception tree for rmqkit; each error knows the process exit code the CLI maps it to.
+
+Library code raises these and never exits; ``rmqkit.cli`` turns them into one line on stderr
+and the exit code below (documented in docs/exit-codes.md; runbooks depend on them).
+"""
+
+from __future__ import annotations
+
+
+class ExitCode:
+    """Process exit codes, fixed by the design brief (sysexits-style where one exists)."""
+
+    OK = 0
+    BUG = 1
+    USAGE = 2
+    PARTIAL = 3
+    DATA = 65
+    UNAVAILABLE = 69
+    ACCESS = 77
+    CONFIG = 78
+    INTERRUPTED = 130
+    # `rmqkit plan` follows `terraform plan -detailed-exitcode`: 2 means "changes pending".
+    CHANGES_PENDING = 2
+
+
+class RmqkitError(Exception):
+    """Base of every error rmqkit raises on purpose.
+
+    ``str(error)`` is the one line shown to a user: what failed, then what to do about it.
+    """
+
+    exit_code: int = ExitCode.BUG
+
+
+class UsageError(RmqkitError):
+    """The command line was wrong in a way the parser could not see."""
+
+    exit_code = ExitCode.USAGE
+
+
+class PartialSuccess(RmqkitError):
+    """Some of the work was done and some was not; the message says which."""
+
+    exit_code = ExitCode.PARTIAL
+
+
+class DataError(RmqkitError):
+    """Bad input data: a topology file, a message, an export file."""
+
+    exit_code = ExitCode.DATA
+
+
+class TopologyFileError(DataError):
+    """A topology file cannot be read or does not validate; names the file, key path and line."""
+
+    def __init__(self, path: str, detail: str, *, key: str | None = None, line: int | None = None):
+        self.path = path
+        self.detail = detail
+        self.key = key
+        self.line = line
+        where = path if line is None else f"{path}:{line}"
+        what = f"{key}: {detail}" if key else detail
+        super().__init__(f"{where}: {what}")
+
+
+class TopologyConflict(DataError):
+    """The broker holds objects that the topology cannot be applied over without loss.
+
+    Also raised for PRECONDITION_FAILED (406) from the broker.
+    """
+
+
+class BrokerError(RmqkitError):
+    """The broker answered in a way rmqkit did not expect (not a connectivity problem)."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class BrokerUnavailable(BrokerError):
+    """The broker (AMQP or management API) cannot be reached or is unhealthy."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class AccessRefused(RmqkitError):
+    """Wrong credentials, or the user lacks a permission it needs."""
+
+    exit_code = ExitCode.ACCESS
+
+
+class ConfigError(RmqkitError):
+    """Settings are missing or invalid (environment, .env, flags), or a handler cannot be loaded."""
+
+    exit_code = ExitCode.CONFIG
+
+
+__all__ = [
+    "AccessRefused",
+    "BrokerError",
+    "BrokerUnavailable",
+    "ConfigError",
+    "DataError",
+    "ExitCode",
+    "PartialSuccess",
+    "RmqkitError",
+    "TopologyConflict",
+    "TopologyFileError",
+    "UsageError",
+]

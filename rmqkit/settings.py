@@ -1,0 +1,174 @@
+"""Settings from flags, environment (``RMQKIT_*``), ``.env`` and defaults, in that order.
+
+No I/O happens at import; secrets are ``SecretStr`` and only leave this module masked,
+except through the accessors that hand a URL to a client library.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from pydantic import SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rmqkit.errors import ConfigError
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+DEFAULT_MANAGEMENT_PORT = 15672
+DEFAULT_MANAGEMENT_TLS_PORT = 15671
+_AMQP_SCHEMES = {"amqp": 5672, "amqps": 5671}
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with its password replaced by ``***`` (safe to print or log)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = f"{parts.username or ''}:***@{host}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def vhost_of(url: str) -> str:
+    """The virtual host an AMQP URL names, decoded as aio-pika does (empty path is ``/``)."""
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def with_vhost(url: str, vhost: str) -> str:
+    """Return the AMQP ``url`` pointed at ``vhost`` (URL-encoded, so ``/`` becomes ``%2F``)."""
+    parts = urlsplit(url)
+    return urlunsplit(
+        (parts.scheme, parts.netloc, "/" + quote(vhost, safe=""), parts.query, parts.fragment)
+    )
+
+
+class Settings(BaseSettings):
+    """Everything rmqkit needs to reach a broker.
+
+    ``RMQKIT_URL`` carries credentials and the vhost (``amqp://user:pass@host:5672/vhost``,
+    URL-encoded). Several comma-separated URLs name the nodes of a cluster; they are tried
+    in order on connect and reconnect.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="RMQKIT_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    url: SecretStr = SecretStr(DEFAULT_URL)
+    management_url: SecretStr | None = None
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    tls_verify: bool = True
+    connect_timeout_s: float = 5.0
+
+    @field_validator("url")
+    @classmethod
+    def _check_urls(cls, value: SecretStr) -> SecretStr:
+        urls = [u.strip() for u in value.get_secret_value().split(",") if u.strip()]
+        if not urls:
+            raise ValueError("RMQKIT_URL is empty")
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in _AMQP_SCHEMES or not parts.hostname:
+                raise ValueError(
+                    f"{mask_url(url)} is not an AMQP URL (amqp://user:pass@host:5672/vhost)"
+                )
+            if vhost_of(url) != vhost_of(urls[0]):
+                raise ValueError("all RMQKIT_URL entries must name the same vhost")
+        return value
+
+    @property
+    def amqp_urls(self) -> list[str]:
+        """The AMQP URLs in connect order, with credentials (for client libraries only)."""
+        raw = self.url.get_secret_value()
+        return [u.strip() for u in raw.split(",") if u.strip()]
+
+    @property
+    def vhost(self) -> str:
+        """The virtual host all URLs point at."""
+        return vhost_of(self.amqp_urls[0])
+
+    @property
+    def uses_tls(self) -> bool:
+        return urlsplit(self.amqp_urls[0]).scheme == "amqps"
+
+    def resolved_management_url(self) -> str:
+        """The management API base URL with credentials (derived from the AMQP URL if unset)."""
+        if self.management_url is not None:
+            url = self.management_url.get_secret_value().rstrip("/")
+            parts = urlsplit(url)
+            if parts.username is None:
+                amqp = urlsplit(self.amqp_urls[0])
+                user = quote(unquote(amqp.username or "guest"), safe="")
+                password = quote(unquote(amqp.password or "guest"), safe="")
+                url = urlunsplit(
+                    (parts.scheme, f"{user}:{password}@{parts.netloc}", parts.path, "", "")
+                )
+            return url
+        amqp = urlsplit(self.amqp_urls[0])
+        scheme = "https" if amqp.scheme == "amqps" else "http"
+        port = DEFAULT_MANAGEMENT_TLS_PORT if scheme == "https" else DEFAULT_MANAGEMENT_PORT
+        host = amqp.hostname or "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        user = amqp.username or "guest"
+        password = amqp.password or "guest"
+        return f"{scheme}://{user}:{password}@{host}:{port}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A TLS context for amqps/https, built from the CA and client-cert settings."""
+        if not self.uses_tls and self.ca_file is None and self.cert_file is None:
+            return None
+        try:
+            context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+            if self.cert_file is not None:
+                context.load_cert_chain(
+                    str(self.cert_file), str(self.key_file) if self.key_file else None
+                )
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"TLS files cannot be loaded: {exc} — check RMQKIT_CA_FILE, "
+                "RMQKIT_CERT_FILE and RMQKIT_KEY_FILE"
+            ) from exc
+        if not self.tls_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def masked(self) -> dict[str, Any]:
+        """The effective settings with every secret masked, for `rmqkit config`."""
+        return {
+            "url": ",".join(mask_url(u) for u in self.amqp_urls),
+            "vhost": self.vhost,
+            "management_url": mask_url(self.resolved_management_url()),
+            "ca_file": str(self.ca_file) if self.ca_file else None,
+            "cert_file": str(self.cert_file) if self.cert_file else None,
+            "key_file": str(self.key_file) if self.key_file else None,
+            "tls_verify": self.tls_verify,
+            "connect_timeout_s": self.connect_timeout_s,
+        }
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings; ``overrides`` (from flags) beat environment, ``.env`` and defaults.
+
+    Raises ConfigError (exit 78) with one line naming the bad setting.
+    """
+    from pydantic import ValidationError
+
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**clean)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = "RMQKIT_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
+        raise ConfigError(f"{name}: {first['msg']}") from None

@@ -1,0 +1,186 @@
+"""Plan and declare a topology against a live broker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aio_pika.abc import AbstractConnection
+
+from rmqkit.broker.amqp import amqp_errors_mapped, connection, server_version
+from rmqkit.broker.management import ManagementClient, management
+from rmqkit.errors import BrokerUnavailable, TopologyConflict
+from rmqkit.settings import Settings
+from rmqkit.topology.expand import DesiredState, Via, expand
+from rmqkit.topology.model import Topology
+from rmqkit.topology.plan import Change, LiveState, Plan, compute_plan, read_live_state
+
+
+@dataclass(frozen=True)
+class DeclareResult:
+    """What ``declare_topology`` did (or, with ``dry_run``, would do)."""
+
+    plan: Plan
+    applied: list[Change]
+    dry_run: bool
+    verified: bool  # False when no management API could confirm the existing objects
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.applied)
+
+
+async def _plan_with(
+    api: ManagementClient, topology: Topology, via: Via, version: tuple[int, int, int]
+) -> Plan:
+    live = await read_live_state(api)
+    desired = expand(topology, via=via, broker_version=version)
+    return compute_plan(desired, live, source=topology.source, vhost=api.vhost)
+
+
+async def plan_topology(settings: Settings, topology: Topology, *, via: Via = "policy") -> Plan:
+    """Compare ``topology`` with the broker the settings point at (management API)."""
+    async with connection(settings, name="rmqkit plan") as conn:
+        version = server_version(conn)
+    async with management(settings) as api:
+        return await _plan_with(api, topology, via, version)
+
+
+def conflict_error(plan: Plan) -> TopologyConflict:
+    """One line for the first conflict, with the fix and a pointer to the rest."""
+    first = plan.conflicts[0]
+    more = len(plan.conflicts) - 1
+    tail = f" ({more} more conflict(s): run `rmqkit plan {plan.source}`)" if more else ""
+    return TopologyConflict(
+        f"{plan.source}: {first.kind} {first.name!r}: {first.detail} — fix: {first.fix}; "
+        f"nothing was changed{tail}"
+    )
+
+
+async def declare_topology(
+    settings: Settings, topology: Topology, *, via: Via = "policy", dry_run: bool = False
+) -> DeclareResult:
+    """Make the broker match ``topology``; stop before changing anything on a conflict.
+
+    Order matters: exchanges, then policies (so a queue never exists without its dead-letter
+    wiring), then queues, then bindings. Existing objects are not redeclared.
+    """
+    async with connection(settings, name="rmqkit declare") as conn:
+        version = server_version(conn)
+        try:
+            async with management(settings) as api:
+                plan = await _plan_with(api, topology, via, version)
+                if plan.conflicts:
+                    raise conflict_error(plan)
+                if dry_run:
+                    return DeclareResult(plan, plan.pending, dry_run=True, verified=True)
+                await _apply(conn, api, plan)
+                return DeclareResult(plan, plan.pending, dry_run=False, verified=True)
+        except BrokerUnavailable:
+            if via == "policy":
+                raise
+        # --via arguments without a management API: the broker itself checks equivalence
+        # (406 on a mismatch), so redeclaring everything is safe and idempotent.
+        plan = await _blind_plan(conn, topology, version)
+        if not dry_run:
+            await _apply(conn, None, plan)
+        return DeclareResult(plan, plan.pending, dry_run=dry_run, verified=False)
+
+
+async def _blind_plan(
+    conn: AbstractConnection, topology: Topology, version: tuple[int, int, int]
+) -> Plan:
+    """A plan from passive declares only (existence, not settings)."""
+    desired = expand(topology, via="arguments", broker_version=version)
+    changes: list[Change] = []
+    for exchange in desired.exchanges:
+        exists = await _exists(conn, "exchange", exchange.name)
+        changes.append(
+            Change(
+                "exchange",
+                exchange.name,
+                "change" if exists else "create",
+                "redeclared (not verified: no management API)" if exists else "",
+            )
+        )
+    for queue in desired.queues:
+        exists = await _exists(conn, "queue", queue.name)
+        changes.append(
+            Change(
+                "queue",
+                queue.name,
+                "change" if exists else "create",
+                "redeclared (not verified: no management API)" if exists else "",
+            )
+        )
+    for binding in desired.bindings:
+        changes.append(Change("binding", binding.label, "change", "bound (idempotent)"))
+    return Plan(source=topology.source, vhost="", desired=desired, changes=changes)
+
+
+async def _exists(conn: AbstractConnection, kind: str, name: str) -> bool:
+    channel = await conn.channel()
+    underlay = await channel.get_underlay_channel()
+    try:
+        if kind == "queue":
+            await underlay.queue_declare(queue=name, passive=True)
+        else:
+            await underlay.exchange_declare(exchange=name, passive=True)
+    except Exception:  # 404 closes the channel; that is the answer "absent"
+        return False
+    await channel.close()
+    return True
+
+
+async def _apply(conn: AbstractConnection, api: ManagementClient | None, plan: Plan) -> None:
+    desired: DesiredState = plan.desired
+    todo = {(c.kind, c.name) for c in plan.pending}
+    channel = await conn.channel()
+    amqp = await channel.get_underlay_channel()
+    for exchange in desired.exchanges:
+        if ("exchange", exchange.name) in todo:
+            with amqp_errors_mapped(f"declaring exchange {exchange.name!r}"):
+                await amqp.exchange_declare(
+                    exchange=exchange.name,
+                    exchange_type=exchange.type,
+                    durable=exchange.durable,
+                    auto_delete=exchange.auto_delete,
+                    internal=exchange.internal,
+                    arguments=exchange.arguments,
+                )
+    if api is not None:
+        for policy in desired.policies:
+            if ("policy", policy.name) in todo:
+                await api.put_policy(
+                    policy.name,
+                    policy.pattern,
+                    policy.definition,
+                    policy.priority,
+                    policy.apply_to,
+                )
+    for queue in desired.queues:
+        if ("queue", queue.name) in todo:
+            with amqp_errors_mapped(f"declaring queue {queue.name!r}"):
+                await amqp.queue_declare(
+                    queue=queue.name, durable=True, arguments=queue.arguments(desired.via)
+                )
+    for binding in desired.bindings:
+        if ("binding", binding.label) in todo:
+            with amqp_errors_mapped(f"binding {binding.label}"):
+                if binding.destination_type == "queue":
+                    await amqp.queue_bind(
+                        queue=binding.destination,
+                        exchange=binding.source,
+                        routing_key=binding.routing_key,
+                        arguments=binding.arguments,
+                    )
+                else:
+                    await amqp.exchange_bind(
+                        destination=binding.destination,
+                        source=binding.source,
+                        routing_key=binding.routing_key,
+                        arguments=binding.arguments,
+                    )
+    await channel.close()
+
+
+__all__ = ["DeclareResult", "LiveState", "declare_topology", "plan_topology"]

@@ -1,0 +1,238 @@
+"""The topology file: TOML, validated by pydantic, errors naming the file, key path and line."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from rmqkit.durations import format_duration_ms, parse_duration_ms
+from rmqkit.errors import TopologyFileError
+
+BUILTIN_EXCHANGE_PREFIX = "amq."
+
+
+def _duration(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError(
+            f'bad duration {value!r}: write it as a string with a unit, e.g. "5s" or "500ms"'
+        )
+    return parse_duration_ms(value)
+
+
+DurationMs = Annotated[int, BeforeValidator(_duration)]
+"""A duration written as ``"500ms"``/``"5s"``/``"2m"``/``"1h"``, held in milliseconds."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExchangeModel(_Strict):
+    """``[exchanges.NAME]``."""
+
+    type: Literal["direct", "topic", "fanout", "headers"] = "direct"
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    alternate_exchange: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class BindModel(_Strict):
+    """One entry of a work queue's ``bind = [...]``."""
+
+    exchange: str
+    routing_key: str = ""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class QueueModel(_Strict):
+    """``[queues.NAME]``: a work queue with its wait queues and parking queue."""
+
+    bind: list[BindModel] = Field(default_factory=list)
+    retry_delays: list[DurationMs] = Field(default_factory=list)
+    max_attempts: int = Field(default=5, ge=1)
+    delivery_limit: int = Field(default=10, ge=1)
+    max_length: int | None = Field(default=None, ge=1)
+    max_length_bytes: int | None = Field(default=None, ge=1)
+    prefetch: int = Field(default=200, ge=1, le=65535)
+    parking: str | None = None
+    # Jitter: each delay tier is split into `jitter_slots` wait queues whose TTLs are spread
+    # evenly over [delay * (1 - jitter), delay]; a burst of failures spreads over that window
+    # without per-message TTLs (which block each other at the head of one queue).
+    jitter: float = Field(default=0.5, ge=0.0, lt=1.0)
+    jitter_slots: int = Field(default=5, ge=1, le=20)
+    permanent_errors: list[str] = Field(default_factory=list)
+    handler_timeout: DurationMs | None = None
+    require_message_id: bool = False
+    max_message_bytes: int | None = Field(default=None, ge=1)
+
+
+class BindingModel(_Strict):
+    """``[[bindings]]``: a plain binding between objects of the file."""
+
+    source: str
+    destination: str
+    destination_type: Literal["queue", "exchange"] = "queue"
+    routing_key: str = ""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class TopologyModel(_Strict):
+    """A whole topology file."""
+
+    policy_priority: int = Field(default=10, ge=0, le=1000)
+    exchanges: dict[str, ExchangeModel] = Field(default_factory=dict)
+    queues: dict[str, QueueModel] = Field(default_factory=dict)
+    bindings: list[BindingModel] = Field(default_factory=list)
+
+
+class Topology:
+    """A validated topology file and where it came from."""
+
+    def __init__(self, model: TopologyModel, source: str) -> None:
+        self.model = model
+        self.source = source
+
+    def parking_name(self, queue: str) -> str:
+        """The parking queue of work queue ``queue``."""
+        return self.model.queues[queue].parking or f"{queue}.parking"
+
+    def wait_name(self, queue: str, delay_ms: int) -> str:
+        """The main wait queue of one delay tier (TTL = the full delay)."""
+        return f"{queue}.wait.{format_duration_ms(delay_ms)}"
+
+
+def key_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a TOML key path.
+
+    ``('queues', 'orders.work', 'retry_delays', 1)`` → ``queues."orders.work".retry_delays[1]``.
+    """
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            seg = part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"'
+            out += ("." if out else "") + seg
+    return out
+
+
+def _find_line(text: str, loc: tuple[int | str, ...]) -> int | None:
+    """Best-effort line of the key at ``loc`` (1-based): walk the segments down the file."""
+    lines = text.splitlines()
+    start, found = 0, None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        pattern = re.compile(
+            r"(^|[\[.{,\s])(" + re.escape(part) + r'|"' + re.escape(part) + r'")\s*(=|\]|\.)'
+        )
+        for index in range(start, len(lines)):
+            if pattern.search(lines[index].split("#", 1)[0]):
+                start, found = index, index + 1
+                break
+    return found
+
+
+def _pydantic_message(error: Any) -> str:
+    msg = str(error["msg"])
+    if error["type"] == "extra_forbidden":
+        return "unknown key (check the spelling; see docs/topology.md for the keys)"
+    return msg.removeprefix("Value error, ")
+
+
+def parse_topology(text: str, source: str) -> Topology:
+    """Validate topology ``text``; ``source`` names it in errors. Raises TopologyFileError."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = getattr(exc, "lineno", None)
+        detail = str(exc)
+        if line is None:
+            match = re.search(r"line (\d+)", detail)
+            line = int(match.group(1)) if match else None
+        raise TopologyFileError(source, f"malformed TOML: {detail}", line=line) from None
+    try:
+        model = TopologyModel.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        raise TopologyFileError(
+            source, _pydantic_message(first), key=key_path(loc), line=_find_line(text, loc)
+        ) from None
+    topology = Topology(model, source)
+    _check_references(topology, text)
+    return topology
+
+
+def _check_references(topology: Topology, text: str) -> None:
+    model = topology.model
+
+    def fail(loc: tuple[int | str, ...], detail: str) -> None:
+        raise TopologyFileError(
+            topology.source, detail, key=key_path(loc), line=_find_line(text, loc)
+        )
+
+    def exchange_known(name: str) -> bool:
+        return name in model.exchanges or name.startswith(BUILTIN_EXCHANGE_PREFIX)
+
+    work = set(model.queues)
+    generated: dict[str, str] = {}
+    for qname, queue in model.queues.items():
+        if not qname or qname.startswith(BUILTIN_EXCHANGE_PREFIX):
+            fail(("queues", qname), "queue names must be non-empty and not start with 'amq.'")
+        for index, bind in enumerate(queue.bind):
+            if not exchange_known(bind.exchange):
+                fail(
+                    ("queues", qname, "bind", index, "exchange"),
+                    f"binds to exchange {bind.exchange!r}, which the file does not declare "
+                    f"(add [exchanges.{bind.exchange}])",
+                )
+        if len(set(queue.retry_delays)) != len(queue.retry_delays):
+            fail(("queues", qname, "retry_delays"), "the same delay appears twice")
+        parking = topology.parking_name(qname)
+        if parking in work:
+            fail(("queues", qname, "parking"), f"{parking!r} is a work queue of this file")
+        for delay in queue.retry_delays:
+            name = topology.wait_name(qname, delay)
+            if name in work or name in generated:
+                fail(("queues", qname, "retry_delays"), f"wait queue {name!r} clashes")
+            generated[name] = qname
+    for ename, exchange in model.exchanges.items():
+        if ename.startswith(BUILTIN_EXCHANGE_PREFIX) or not ename:
+            fail(("exchanges", ename), "exchange names must be non-empty and not start with 'amq.'")
+        if exchange.alternate_exchange and not exchange_known(exchange.alternate_exchange):
+            fail(
+                ("exchanges", ename, "alternate_exchange"),
+                f"exchange {exchange.alternate_exchange!r} is not declared in the file",
+            )
+    queues_all = work | {topology.parking_name(q) for q in work} | set(generated)
+    for index, binding in enumerate(model.bindings):
+        if not exchange_known(binding.source):
+            fail(
+                ("bindings", index, "source"),
+                f"exchange {binding.source!r} is not declared in the file",
+            )
+        known = queues_all if binding.destination_type == "queue" else set(model.exchanges)
+        if binding.destination not in known:
+            fail(
+                ("bindings", index, "destination"),
+                f"{binding.destination_type} {binding.destination!r} is not declared in the file",
+            )
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate the topology file at ``path``. Raises TopologyFileError (exit 65)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TopologyFileError(source, "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyFileError(source, f"cannot be read: {exc}") from None
+    return parse_topology(text, source)

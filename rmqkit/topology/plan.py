@@ -1,0 +1,401 @@
+"""Plan: the topology file against the live broker, object by object.
+
+Pure functions over the management API's view (``LiveState``), so every conflict rule is
+unit-testable; ``read_live_state`` is the only I/O here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rmqkit.broker.management import ManagementClient
+from rmqkit.topology.expand import (
+    MANAGED_KEYS,
+    POLICY_PREFIX,
+    BindingSpec,
+    DesiredState,
+    ExchangeSpec,
+    PolicySpec,
+    QueueSpec,
+    policy_name,
+)
+
+Action = Literal["create", "change", "in-sync", "conflict", "orphan"]
+Kind = Literal["exchange", "queue", "policy", "binding"]
+NUMERIC_KEYS = frozenset(
+    {"message-ttl", "max-length", "max-length-bytes", "delivery-limit", "expires"}
+)
+# Where an argument and a policy both set a key: dead-letter settings → the argument wins;
+# overflow on quorum queues → the policy wins; numeric limits → the lower value wins.
+ARGUMENT_WINS = frozenset(
+    {"dead-letter-exchange", "dead-letter-routing-key", "dead-letter-strategy"}
+)
+QUEUE_APPLY_TO = frozenset({"all", "queues", "quorum_queues"})
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """What the broker holds in one vhost, as the management API reports it."""
+
+    queues: dict[str, dict[str, Any]]
+    exchanges: dict[str, dict[str, Any]]
+    bindings: list[dict[str, Any]]
+    policies: dict[str, dict[str, Any]]
+    operator_policies: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One object's verdict: what would be done to it, or why it cannot be."""
+
+    kind: Kind
+    name: str
+    action: Action
+    detail: str = ""
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "action": self.action,
+            "detail": self.detail,
+            "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The verdicts for every object of a topology, plus objects rmqkit left behind."""
+
+    source: str
+    vhost: str
+    desired: DesiredState
+    changes: list[Change]
+
+    @property
+    def conflicts(self) -> list[Change]:
+        return [c for c in self.changes if c.action == "conflict"]
+
+    @property
+    def pending(self) -> list[Change]:
+        return [c for c in self.changes if c.action in ("create", "change")]
+
+    @property
+    def in_sync(self) -> list[Change]:
+        return [c for c in self.changes if c.action == "in-sync"]
+
+    def summary(self) -> dict[str, int]:
+        counts = {"create": 0, "change": 0, "in-sync": 0, "conflict": 0, "orphan": 0}
+        for change in self.changes:
+            counts[change.action] += 1
+        return counts
+
+
+def to_policy_keys(arguments: dict[str, Any]) -> dict[str, Any]:
+    """x-arguments of a queue → policy-key form, managed keys only."""
+    return {
+        key[2:]: value
+        for key, value in arguments.items()
+        if key.startswith("x-") and key[2:] in MANAGED_KEYS
+    }
+
+
+def effective_settings(
+    arguments: dict[str, Any], policy: dict[str, Any], operator: dict[str, Any]
+) -> dict[str, Any]:
+    """The settings a quorum queue ends up with, by the broker's precedence rules."""
+    result: dict[str, Any] = {}
+    for key in MANAGED_KEYS:
+        arg, pol = arguments.get(key), policy.get(key)
+        if key in NUMERIC_KEYS:
+            values = [v for v in (arg, pol, operator.get(key)) if isinstance(v, int)]
+            value = min(values) if values else None
+        elif key in ARGUMENT_WINS:
+            value = arg if arg is not None else pol
+        else:
+            value = pol if pol is not None else arg
+        if value is not None:
+            result[key] = value
+    return result
+
+
+def _matching_policies(
+    policies: dict[str, dict[str, Any]] | list[dict[str, Any]], queue: str
+) -> list[dict[str, Any]]:
+    items = policies.values() if isinstance(policies, dict) else policies
+    found = []
+    for policy in items:
+        if policy.get("apply-to", "all") not in QUEUE_APPLY_TO:
+            continue
+        try:
+            if re.search(str(policy.get("pattern", "")), queue):
+                found.append(policy)
+        except re.error:
+            continue
+    return found
+
+
+def _fmt(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _exchange_change(spec: ExchangeSpec, live: dict[str, Any] | None) -> Change:
+    if live is None:
+        return Change("exchange", spec.name, "create", f"type {spec.type}")
+    diffs = []
+    for attr, want in (
+        ("type", spec.type),
+        ("durable", spec.durable),
+        ("auto_delete", spec.auto_delete),
+        ("internal", spec.internal),
+        ("arguments", spec.arguments),
+    ):
+        have = live.get(attr, {} if attr == "arguments" else None)
+        if have != want:
+            diffs.append(f"{attr} is {_fmt(have)} on the broker, {_fmt(want)} in the file")
+    if not diffs:
+        return Change("exchange", spec.name, "in-sync")
+    return Change(
+        "exchange",
+        spec.name,
+        "conflict",
+        "; ".join(diffs) + " (redeclaring fails with 406 PRECONDITION_FAILED)",
+        "exchange settings are fixed at creation: change the file to match, or delete the "
+        "exchange (its bindings go with it) and declare again",
+    )
+
+
+def _queue_changes(
+    spec: QueueSpec, desired: DesiredState, live: LiveState, exchanges: set[str]
+) -> list[Change]:
+    changes: list[Change] = []
+    found = live.queues.get(spec.name)
+    ours = policy_name(spec.name)
+    others = [p for p in _matching_policies(live.policies, spec.name) if p.get("name") != ours]
+    top_other = max(others, key=lambda p: int(p.get("priority", 0)), default=None)
+    operator: dict[str, Any] = {}
+    for op in _matching_policies(live.operator_policies, spec.name):
+        operator.update(op.get("definition") or {})
+
+    if found is None:
+        action: Action = "create"
+        detail = "quorum queue"
+        live_args: dict[str, Any] = {}
+    else:
+        action, detail = "in-sync", ""
+        live_args = dict(found.get("arguments") or {})
+        qtype = found.get("type", "classic")
+        if qtype != "quorum":
+            return [
+                Change(
+                    "queue",
+                    spec.name,
+                    "conflict",
+                    f"exists as a {qtype} queue; rmqkit needs a quorum queue and a queue's type "
+                    "cannot change in place",
+                    "move its messages elsewhere (shovel), delete it, then declare again — or "
+                    "rename the queue in the file",
+                )
+            ]
+        if desired.via == "arguments":
+            want_args = spec.arguments("arguments")
+            keys = sorted(set(want_args) | {k for k in live_args if k[2:] in MANAGED_KEYS})
+            diffs = [
+                f"{k} is {_fmt(live_args.get(k))} on the broker, "
+                f"{_fmt(want_args.get(k))} in the file"
+                for k in keys
+                if live_args.get(k) != want_args.get(k)
+            ]
+            if diffs:
+                return [
+                    Change(
+                        "queue",
+                        spec.name,
+                        "conflict",
+                        "; ".join(diffs) + " (redeclaring fails with 406 PRECONDITION_FAILED "
+                        "inequivalent arg)",
+                        "x-arguments are fixed at creation: declare with --via policy (the "
+                        "default) after removing them, i.e. drain and delete the queue first; "
+                        "or make the file match the broker",
+                    )
+                ]
+    # What would be in effect after declare: our policy applies unless another outranks it.
+    if desired.via == "policy":
+        if top_other is not None and int(top_other.get("priority", 0)) >= desired.policy_priority:
+            return [
+                *changes,
+                Change(
+                    "queue",
+                    spec.name,
+                    "conflict",
+                    f"policy {top_other.get('name')!r} (priority {top_other.get('priority')}) "
+                    f"matches this queue and outranks rmqkit's (priority "
+                    f"{desired.policy_priority}); only one policy applies, so ours would be "
+                    "silently ignored",
+                    f"set policy_priority in the topology file above {top_other.get('priority')}, "
+                    f"or narrow the pattern of policy {top_other.get('name')!r} to exclude this "
+                    "queue",
+                ),
+            ]
+        policy_def = spec.settings
+        effective = effective_settings(to_policy_keys(live_args), policy_def, operator)
+    else:
+        applied: dict[str, Any] = dict(top_other.get("definition") or {}) if top_other else {}
+        effective = effective_settings(spec.settings, applied, operator)
+    wrong = {
+        key: (effective.get(key), spec.settings.get(key))
+        for key in MANAGED_KEYS
+        if effective.get(key) != spec.settings.get(key)
+    }
+    if wrong:
+        parts = []
+        for key, (have, want) in wrong.items():
+            source = "an x-argument on the queue"
+            if desired.via == "arguments" and top_other is not None:
+                source = f"policy {top_other.get('name')!r}"
+            if operator.get(key) is not None and operator.get(key) == have:
+                source = "an operator policy"
+            parts.append(f"{key} would be {_fmt(have)} (set by {source}), not {_fmt(want)}")
+        dlx = effective.get("dead-letter-exchange")
+        if dlx and dlx not in exchanges:
+            parts.append(f"dead-letter-exchange {dlx!r} does not exist: dead letters are dropped")
+        return [
+            Change(
+                "queue",
+                spec.name,
+                "conflict",
+                "; ".join(parts),
+                "x-arguments beat policies for dead-letter keys and the lower number wins for "
+                "limits: drain and delete the queue so it can be declared without them, or "
+                "remove the competing policy",
+            )
+        ]
+    changes.append(Change("queue", spec.name, action, detail))
+    return changes
+
+
+def _policy_change(spec: PolicySpec, live: dict[str, Any] | None) -> Change:
+    if live is None:
+        return Change("policy", spec.name, "create", _fmt_def(spec.definition))
+    diffs = []
+    if live.get("definition") != spec.definition:
+        diffs.append(f"{_fmt_def(live.get('definition') or {})} → {_fmt_def(spec.definition)}")
+    if live.get("pattern") != spec.pattern:
+        diffs.append(f"pattern {live.get('pattern')!r} → {spec.pattern!r}")
+    if int(live.get("priority", 0)) != spec.priority:
+        diffs.append(f"priority {live.get('priority')} → {spec.priority}")
+    if live.get("apply-to") != spec.apply_to:
+        diffs.append(f"apply-to {live.get('apply-to')!r} → {spec.apply_to!r}")
+    if diffs:
+        return Change("policy", spec.name, "change", "; ".join(diffs))
+    return Change("policy", spec.name, "in-sync")
+
+
+def _fmt_def(definition: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(definition.items()))
+
+
+def _binding_key(
+    source: str, dest: str, dtype: str, key: str, args: dict[str, Any]
+) -> tuple[Any, ...]:
+    return (source, dest, dtype, key, tuple(sorted((k, repr(v)) for k, v in args.items())))
+
+
+def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: str) -> Plan:
+    """Compare ``desired`` with ``live``; pure, so it can be tested without a broker."""
+    changes: list[Change] = []
+    exchange_names = set(live.exchanges) | {e.name for e in desired.exchanges}
+    for exchange in desired.exchanges:
+        changes.append(_exchange_change(exchange, live.exchanges.get(exchange.name)))
+    for policy in desired.policies:
+        changes.append(_policy_change(policy, live.policies.get(policy.name)))
+    for queue in desired.queues:
+        changes.extend(_queue_changes(queue, desired, live, exchange_names))
+    have_bindings = {
+        _binding_key(
+            b.get("source", ""),
+            b.get("destination", ""),
+            b.get("destination_type", "queue"),
+            b.get("routing_key", ""),
+            b.get("arguments") or {},
+        )
+        for b in live.bindings
+    }
+    for binding in desired.bindings:
+        key = _binding_key(
+            binding.source,
+            binding.destination,
+            binding.destination_type,
+            binding.routing_key,
+            binding.arguments,
+        )
+        action: Action = "in-sync" if key in have_bindings else "create"
+        changes.append(Change("binding", binding.label, action))
+    changes.extend(_orphans(desired, live))
+    return Plan(source=source, vhost=vhost, desired=desired, changes=changes)
+
+
+def _orphans(desired: DesiredState, live: LiveState) -> list[Change]:
+    """rmqkit-made objects the file no longer names: reported, never deleted (they may hold
+    messages, and a wait queue without its policy would keep them forever)."""
+    wanted_queues = {q.name for q in desired.queues}
+    wanted_policies = {p.name for p in desired.policies}
+    work_queues = {q.name for q in desired.queues if q.role == "work"}
+    out: list[Change] = []
+    for name, queue in sorted(live.queues.items()):
+        owner = next((w for w in work_queues if name.startswith(w + ".wait.")), None)
+        if owner and name not in wanted_queues:
+            out.append(
+                Change(
+                    "queue",
+                    name,
+                    "orphan",
+                    f"no longer in the file; left in place with {queue.get('messages', 0)} "
+                    f"message(s), which still return to {owner}",
+                    f"delete it once empty: rabbitmqctl delete_queue {name}",
+                )
+            )
+    if desired.via == "policy":
+        for name in sorted(live.policies):
+            if name.startswith(POLICY_PREFIX) and name not in wanted_policies:
+                out.append(
+                    Change(
+                        "policy",
+                        name,
+                        "orphan",
+                        "no longer in the file; left in place so the queue it governs keeps "
+                        "its TTL and dead-letter wiring",
+                        f"delete it after its queue: rabbitmqctl clear_policy {name}",
+                    )
+                )
+    return out
+
+
+async def read_live_state(api: ManagementClient) -> LiveState:
+    """Read queues, exchanges, bindings and policies of the client's vhost."""
+    queues = await api.queues()
+    exchanges = await api.exchanges()
+    bindings = await api.bindings()
+    policies = await api.policies()
+    operator = await api.operator_policies()
+    return LiveState(
+        queues={q["name"]: q for q in queues},
+        exchanges={e["name"]: e for e in exchanges if e.get("name")},
+        bindings=[b for b in bindings if b.get("source")],
+        policies={p["name"]: p for p in policies},
+        operator_policies=operator,
+    )
+
+
+__all__ = [
+    "BindingSpec",
+    "Change",
+    "LiveState",
+    "Plan",
+    "compute_plan",
+    "effective_settings",
+    "read_live_state",
+]
