@@ -94,6 +94,12 @@ class ConfigError(RmqkitError):
     exit_code = ExitCode.CONFIG
 
 
+class Interrupted(RmqkitError):
+    """The user interrupted the command (Ctrl-C / SIGINT)."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 __all__ = [
     "AccessRefused",
     "BrokerError",
@@ -101,6 +107,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "ExitCode",
+    "Interrupted",
     "PartialSuccess",
     "RmqkitError",
     "TopologyConflict",

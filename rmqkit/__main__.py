@@ -1,0 +1,5 @@
+"""``python -m rmqkit`` is the ``rmqkit`` command."""
+
+from rmqkit.cli.main import run
+
+run()

@@ -1,0 +1,28 @@
+"""Helpers every command uses: settings from the global options, running coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import typer
+
+from rmqkit.errors import Interrupted
+from rmqkit.settings import Settings, load_settings
+
+T = TypeVar("T")
+
+
+def settings_from(ctx: typer.Context) -> Settings:
+    """Settings with the global flags applied over environment, .env and defaults."""
+    overrides: dict[str, Any] = dict(ctx.find_root().obj or {})
+    return load_settings(**overrides)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one library coroutine; Ctrl-C becomes Interrupted (exit 130), not click's exit 1."""
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted") from None
