@@ -1,0 +1,166 @@
+"""Test helpers that talk to the real broker (synchronous wrappers for readability)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import aio_pika
+import httpx
+
+from rmqkit.settings import Settings, load_settings, with_vhost
+
+BASE_URL = os.environ.get("RMQKIT_TEST_URL", "amqp://guest:guest@127.0.0.1:5672/")
+MGMT = os.environ.get("RMQKIT_TEST_MANAGEMENT_URL", "http://127.0.0.1:15672")
+AUTH = ("guest", "guest")
+T = TypeVar("T")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def api(method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """Call the management API directly (tests check the broker, not our client)."""
+    return httpx.request(method, MGMT + "/api" + path, auth=AUTH, timeout=10, **kwargs)
+
+
+def q(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")
+
+
+def create_vhost(prefix: str) -> str:
+    name = f"rmqkit-test-{prefix}-{uuid.uuid4().hex[:6]}"
+    api("PUT", f"/vhosts/{q(name)}", json={}).raise_for_status()
+    perms = {"configure": ".*", "write": ".*", "read": ".*"}
+    api("PUT", f"/permissions/{q(name)}/guest", json=perms).raise_for_status()
+    return name
+
+
+def delete_vhost(name: str) -> None:
+    api("DELETE", f"/vhosts/{q(name)}")
+
+
+def settings_for(vhost: str) -> Settings:
+    return load_settings(url=with_vhost(BASE_URL, vhost))
+
+
+def wait_for(fn: Callable[[], T], *, timeout_s: float = 15.0, interval_s: float = 0.2) -> T:
+    """Poll ``fn`` until it returns something truthy (management stats lag ~5 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval_s)
+
+
+def mgmt_queue(vhost: str, name: str) -> dict[str, Any] | None:
+    response = api("GET", f"/queues/{q(vhost)}/{q(name)}")
+    return response.json() if response.status_code == 200 else None
+
+
+def queue_names(vhost: str) -> set[str]:
+    return {x["name"] for x in api("GET", f"/queues/{q(vhost)}").json()}
+
+
+async def _depths(vhost: str, names: list[str]) -> dict[str, int | None]:
+    conn = await aio_pika.connect(with_vhost(BASE_URL, vhost))
+    out: dict[str, int | None] = {}
+    try:
+        for name in names:
+            channel = await conn.channel()
+            try:
+                declared = await channel.declare_queue(name, passive=True)
+                out[name] = declared.declaration_result.message_count
+                await channel.close()
+            except Exception:
+                out[name] = None
+    finally:
+        await conn.close()
+    return out
+
+
+def depths(vhost: str, names: list[str] | set[str]) -> dict[str, int | None]:
+    """Ready-message counts by AMQP passive declare: immediate, unlike management stats."""
+    result: dict[str, int | None] = run(_depths(vhost, sorted(names)))
+    return result
+
+
+async def _publish(
+    vhost: str, exchange: str, routing_key: str, bodies: list[bytes], headers: dict[str, Any]
+) -> None:
+    conn = await aio_pika.connect(with_vhost(BASE_URL, vhost))
+    try:
+        channel = await conn.channel(on_return_raises=True)
+        target = (
+            channel.default_exchange if exchange == "" else await channel.get_exchange(exchange)
+        )
+        for body in bodies:
+            await target.publish(
+                aio_pika.Message(
+                    body,
+                    message_id=uuid.uuid4().hex,
+                    headers=headers,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                routing_key=routing_key,
+                mandatory=True,
+            )
+    finally:
+        await conn.close()
+
+
+def publish(
+    vhost: str,
+    exchange: str,
+    routing_key: str,
+    bodies: list[bytes],
+    headers: dict[str, Any] | None = None,
+) -> None:
+    """Publish with confirms and mandatory; raises if the broker returns or nacks."""
+    run(_publish(vhost, exchange, routing_key, bodies, headers or {}))
+
+
+async def _reject_one(vhost: str, queue: str) -> bool:
+    conn = await aio_pika.connect(with_vhost(BASE_URL, vhost))
+    try:
+        channel = await conn.channel()
+        source = await channel.get_queue(queue, ensure=False)
+        message = await source.get(fail=False)
+        if message is None:
+            return False
+        await message.reject(requeue=False)
+        return True
+    finally:
+        await conn.close()
+
+
+def reject_one(vhost: str, queue: str) -> bool:
+    result: bool = run(_reject_one(vhost, queue))
+    return result
+
+
+def cli(*args: str, vhost: str | None = None, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the real `rmqkit` command in a subprocess, so exit codes are the real ones."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    if vhost is not None:
+        full_env["RMQKIT_URL"] = with_vhost(BASE_URL, vhost)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "rmqkit", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )

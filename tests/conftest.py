@@ -1,0 +1,39 @@
+"""Shared fixtures: each integration test module gets its own vhost, deleted afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import broker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def vhost(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A vhost for this test module alone (tests in other modules cannot see its objects)."""
+    name = broker.create_vhost(request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_"))
+    yield name
+    broker.delete_vhost(name)
+
+
+@pytest.fixture
+def fresh_vhost(request: pytest.FixtureRequest) -> Iterator[Callable[[], str]]:
+    """Factory for extra empty vhosts within one test; all are deleted when it ends."""
+    made: list[str] = []
+
+    def make() -> str:
+        made.append(broker.create_vhost(request.node.name[:20].replace("[", "-").strip("-]")))
+        return made[-1]
+
+    yield make
+    for name in made:
+        broker.delete_vhost(name)
+
+
+@pytest.fixture
+def orders_file() -> Path:
+    return ROOT / "topologies" / "orders.toml"
