@@ -1,0 +1,381 @@
+"""The per-message decision: ack, retry through a wait queue, or park. A pure function.
+
+``decide(outcome, headers, policy, ...)`` looks only at its arguments (the clock, host, pid and
+random source are passed in), so every branch is unit-tested without a broker. The runner carries
+a Retry or Park out by publishing a copy of the message (same body and properties, message_id
+untouched, the decision's headers) to ``target_queue`` through the default exchange with confirms
+and ``mandatory``, and acks the original only after the copy is confirmed.
+
+Header policy of the copies (names in rmqkit.headers, described in docs/headers.md):
+
+* start from the delivery's headers minus the broker's (x-death, x-*-death-*, x-delivery-count);
+* ATTEMPT = the number of the delivery that just failed (attempt_number of this delivery);
+* ORIGINAL_EXCHANGE / ORIGINAL_ROUTING_KEY and FIRST_FAILED_AT are written once and then kept: a
+  retried copy comes back from its wait queue through the default exchange with the work queue's
+  name as routing key, which must not overwrite where the producer sent it;
+* the last error (type, bounded message), LAST_FAILED_AT, HOST and PID describe the latest failure
+  on retries and parks alike, so an operator can see why a message is waiting;
+* a retry copy drops PARK_REASON and TRACEBACK left over from an earlier parking (after a replay),
+  so its headers never mix two failures; a parked copy gets both.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback as traceback_module
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from rmqkit import headers as h
+from rmqkit.consumer.attempts import DeathEvent, DeathReason, attempt_number, read_x_death
+
+# --- queue settings ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """The consumer-relevant settings of one work queue.
+
+    With no retry tiers there is no wait queue to send a copy to, so every transient failure parks
+    the message as ``exhausted`` on its first failure, whatever ``max_attempts`` says
+    (``effective_max_attempts`` is then 1); returning it to the work queue instead would be exactly
+    the poison loop rmqkit exists to prevent.
+    """
+
+    queue: str
+    parking_queue: str
+    retry_delays_ms: tuple[int, ...]  # nominal delay of each tier, first tier first
+    max_attempts: int  # deliveries in total, the first one included
+    wait_queues: tuple[tuple[str, ...], ...]  # per tier, its jitter slot queues (slot 0 .. n-1)
+    # exception type names, qualified ("pkg.mod.Cls") or bare ("Cls"), that park immediately
+    permanent_errors: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        if len(self.retry_delays_ms) != len(self.wait_queues):
+            raise ValueError(
+                f"{len(self.retry_delays_ms)} retry delays but {len(self.wait_queues)} tiers of "
+                "wait queues: one tier of slot queues per delay"
+            )
+        for delay_ms, slots in zip(self.retry_delays_ms, self.wait_queues, strict=True):
+            if delay_ms <= 0:
+                raise ValueError(f"retry delays must be positive, got {delay_ms} ms")
+            if not slots:
+                raise ValueError(f"the {delay_ms} ms tier has no wait queue")
+
+    @property
+    def effective_max_attempts(self) -> int:
+        """Deliveries a transiently failing message really gets (1 when there is no tier)."""
+        return self.max_attempts if self.wait_queues else 1
+
+    @property
+    def all_wait_queues(self) -> tuple[str, ...]:
+        return tuple(name for slots in self.wait_queues for name in slots)
+
+    def is_permanent(self, type_names: Iterable[str]) -> bool:
+        """Whether any of ``type_names`` (an error's type and base types) is listed as permanent."""
+        return any(
+            _type_matches(name, entry) for name in type_names for entry in self.permanent_errors
+        )
+
+
+def _type_matches(type_name: str, entry: str) -> bool:
+    type_name = _unqualify_builtin(type_name)
+    entry = _unqualify_builtin(entry.strip())
+    return bool(entry) and (type_name == entry or type_name.endswith("." + entry))
+
+
+def _unqualify_builtin(name: str) -> str:
+    return name.removeprefix("builtins.")
+
+
+def qualified_type_name(cls: type) -> str:
+    """``pkg.mod.Cls`` (nested classes ``pkg.mod.Outer.Inner``); builtins stay bare."""
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# --- outcomes of handling one delivery -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Success:
+    """The handler returned."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The handler raised.
+
+    ``permanent``: rmqkit.Permanent (park now). ``retry_delay_s``: from rmqkit.Retry(delay_s=...);
+    picks the tier whose delay is the smallest one >= it. ``base_types``: qualified names of the
+    exception's base classes, so listing a base class in permanent_errors covers its subclasses.
+    """
+
+    exc_type: str
+    exc_message: str
+    traceback: str = ""
+    permanent: bool = False
+    retry_delay_s: float | None = None
+    base_types: tuple[str, ...] = ()
+
+    @classmethod
+    def from_exception(
+        cls, exc: BaseException, *, permanent: bool = False, retry_delay_s: float | None = None
+    ) -> Failed:
+        return cls(
+            exc_type=qualified_type_name(type(exc)),
+            exc_message=str(exc),
+            traceback="".join(traceback_module.format_exception(exc)),
+            permanent=permanent,
+            retry_delay_s=retry_delay_s,
+            base_types=tuple(
+                qualified_type_name(base)
+                for base in type(exc).__mro__[1:]
+                if base not in (object, BaseException)
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class HandlerTimeout:
+    """The handler did not finish within the handler timeout: a transient failure."""
+
+    timeout_s: float
+
+    error_type: ClassVar[str] = "rmqkit.HandlerTimeout"
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """The body failed decoding or validation before the handler ran: poison, park now."""
+
+    detail: str
+    exc_type: str = "rmqkit.Undecodable"
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    """The body exceeds the consumer's maximum message size: park without handling it."""
+
+    size_bytes: int
+    limit_bytes: int
+
+    error_type: ClassVar[str] = "rmqkit.TooLarge"
+
+
+@dataclass(frozen=True)
+class MissingMessageId:
+    """The queue requires a message_id (the idempotency key) and the message has none."""
+
+    error_type: ClassVar[str] = "rmqkit.MissingMessageId"
+
+
+Outcome = Success | Failed | HandlerTimeout | Undecodable | TooLarge | MissingMessageId
+
+
+# --- decisions -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Ack the delivery; nothing to publish."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Publish a copy with ``headers`` to the wait queue ``target_queue``, then ack the original."""
+
+    target_queue: str
+    headers: dict[str, Any] = field(hash=False)
+    tier_index: int
+    delay_ms: int  # the tier's nominal delay; the slot's TTL is at most this
+
+
+@dataclass(frozen=True)
+class Park:
+    """Publish a copy with ``headers`` to the parking queue ``target_queue``, then ack."""
+
+    target_queue: str
+    headers: dict[str, Any] = field(hash=False)
+    reason: h.ParkingReason
+
+
+Decision = Ack | Retry | Park
+
+
+@dataclass(frozen=True)
+class _Error:
+    type: str
+    message: str
+    traceback: str
+
+
+def decide(
+    outcome: Outcome,
+    headers: Mapping[str, Any] | None,
+    policy: QueuePolicy,
+    *,
+    exchange: str,
+    routing_key: str,
+    now: datetime,
+    host: str,
+    pid: int,
+    rand: Callable[[], float] = random.random,
+) -> Decision:
+    """What to do with one delivery of ``policy.queue`` given how handling it went.
+
+    ``exchange``/``routing_key``: the delivery's (used as the original ones only if the message
+    carries none yet). ``now`` should be timezone-aware (naive is taken as UTC). ``rand`` returns a
+    float in [0, 1) and picks the jitter slot.
+    """
+    if isinstance(outcome, Success):
+        return Ack()
+
+    attempt = attempt_number(headers, policy.queue, wait_queues=policy.all_wait_queues)
+    context = _CopyContext(headers, policy, exchange, routing_key, now, host, pid, attempt)
+
+    if isinstance(outcome, Undecodable):
+        error = _Error(outcome.exc_type, outcome.detail, outcome.traceback)
+        return context.park(h.ParkingReason.UNDECODABLE, error)
+    if isinstance(outcome, TooLarge):
+        message = f"body is {outcome.size_bytes} bytes, the limit is {outcome.limit_bytes} bytes"
+        return context.park(h.ParkingReason.TOO_LARGE, _Error(outcome.error_type, message, ""))
+    if isinstance(outcome, MissingMessageId):
+        message = "the message has no message_id and this queue requires one"
+        return context.park(
+            h.ParkingReason.MISSING_MESSAGE_ID, _Error(outcome.error_type, message, "")
+        )
+
+    requested_delay_s: float | None = None
+    if isinstance(outcome, HandlerTimeout):
+        error = _Error(
+            outcome.error_type, f"handler did not finish within {outcome.timeout_s:g} s", ""
+        )
+    else:
+        error = _Error(outcome.exc_type, outcome.exc_message, outcome.traceback)
+        if outcome.permanent or policy.is_permanent((outcome.exc_type, *outcome.base_types)):
+            return context.park(h.ParkingReason.PERMANENT, error)
+        requested_delay_s = outcome.retry_delay_s
+
+    if attempt >= policy.effective_max_attempts:
+        return context.park(h.ParkingReason.EXHAUSTED, error)
+    tier = _tier_for(policy, attempt, requested_delay_s)
+    slots = policy.wait_queues[tier]
+    slot = min(int(rand() * len(slots)), len(slots) - 1)
+    return context.retry(slots[max(slot, 0)], tier, policy.retry_delays_ms[tier], error)
+
+
+def _tier_for(policy: QueuePolicy, attempt: int, requested_delay_s: float | None) -> int:
+    delays = policy.retry_delays_ms
+    if requested_delay_s is None:
+        return min(attempt - 1, len(delays) - 1)
+    requested_ms = requested_delay_s * 1000.0
+    fitting = [i for i, delay in enumerate(delays) if delay >= requested_ms]
+    if fitting:
+        return min(fitting, key=lambda i: (delays[i], i))
+    return max(range(len(delays)), key=lambda i: (delays[i], -i))
+
+
+@dataclass(frozen=True)
+class _CopyContext:
+    headers: Mapping[str, Any] | None
+    policy: QueuePolicy
+    exchange: str
+    routing_key: str
+    now: datetime
+    host: str
+    pid: int
+    attempt: int
+
+    def retry(self, target: str, tier: int, delay_ms: int, error: _Error) -> Retry:
+        copy = self._failure_headers(error)
+        copy.pop(h.PARK_REASON, None)
+        copy.pop(h.TRACEBACK, None)
+        copy[h.RETRY_TIER] = tier
+        copy[h.RETRY_DELAY_MS] = delay_ms
+        return Retry(target_queue=target, headers=copy, tier_index=tier, delay_ms=delay_ms)
+
+    def park(self, reason: h.ParkingReason, error: _Error) -> Park:
+        copy = self._failure_headers(error)
+        copy[h.PARK_REASON] = reason.value
+        if error.traceback:
+            copy[h.TRACEBACK] = h.truncate_traceback(error.traceback)
+        else:
+            copy.pop(h.TRACEBACK, None)
+        return Park(target_queue=self.policy.parking_queue, headers=copy, reason=reason)
+
+    def _failure_headers(self, error: _Error) -> dict[str, Any]:
+        copy = h.strip_broker_headers(self.headers)
+        now = h.format_timestamp(self.now)
+        first_death_here = self._first_death_here()
+        copy[h.ATTEMPT] = self.attempt
+        copy[h.ORIGIN_QUEUE] = self.policy.queue
+        copy[h.ORIGINAL_EXCHANGE], copy[h.ORIGINAL_ROUTING_KEY] = self._original_route(
+            first_death_here
+        )
+        copy[h.FIRST_FAILED_AT] = self._first_failed_at(first_death_here, now)
+        copy[h.LAST_FAILED_AT] = now
+        copy[h.ERROR_TYPE] = error.type
+        copy[h.ERROR_MESSAGE] = h.truncate_message(error.message)
+        copy[h.HOST] = self.host
+        copy[h.PID] = self.pid
+        return copy
+
+    def _first_death_here(self) -> DeathEvent | None:
+        """The oldest x-death entry of this work queue: a broker-driven loop rejected the message
+        here before (no rmqkit copy carries x-death, so it is never one of ours)."""
+        return next(
+            (
+                event
+                for event in reversed(read_x_death(self.headers))
+                if event.queue == self.policy.queue
+            ),
+            None,
+        )
+
+    def _original_route(self, first_death_here: DeathEvent | None) -> tuple[str, str]:
+        """Our headers if an earlier copy set them; else the route x-death recorded when the
+        message first died in this queue (the producer's exchange and routing key); else this
+        delivery's."""
+        headers = self.headers or {}
+        exchange = _existing_text(headers.get(h.ORIGINAL_EXCHANGE))
+        routing_key = _existing_text(headers.get(h.ORIGINAL_ROUTING_KEY))
+        if first_death_here is not None and first_death_here.exchange is not None:
+            fallback = (
+                first_death_here.exchange,
+                first_death_here.routing_keys[0] if first_death_here.routing_keys else "",
+            )
+        else:
+            fallback = (self.exchange, self.routing_key)
+        return (
+            fallback[0] if exchange is None else exchange,
+            fallback[1] if routing_key is None else routing_key,
+        )
+
+    def _first_failed_at(self, first_death_here: DeathEvent | None, now: str) -> str:
+        """Kept from the first failure: our header, else the time of the first rejection in a
+        broker-driven loop (x-death, whole seconds), else now."""
+        existing = _existing_text((self.headers or {}).get(h.FIRST_FAILED_AT))
+        if existing is not None and h.parse_timestamp(existing) is not None:
+            return existing
+        if (
+            first_death_here is not None
+            and first_death_here.reason == DeathReason.REJECTED
+            and first_death_here.time is not None
+        ):
+            return h.format_timestamp(first_death_here.time)
+        return now
+
+
+def _existing_text(value: object) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", errors="replace")
+    return None
