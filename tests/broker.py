@@ -149,8 +149,9 @@ def reject_one(vhost: str, queue: str) -> bool:
     return result
 
 
-def cli(*args: str, vhost: str | None = None, env: dict[str, str] | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, vhost: str | None = None, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run the real `rmqkit` command in a subprocess, so exit codes are the real ones."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
     if vhost is not None:

@@ -37,6 +37,24 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
+def print_plan(plan: Plan, *, show_in_sync: bool = True, title: str | None = None) -> None:
+    """A table on a terminal; one line per object when piped (greppable, never wrapped)."""
+    if stdout.is_terminal:
+        stdout.print(plan_table(plan, show_in_sync=show_in_sync, title=title))
+        return
+    if title:
+        print(title)
+    for change in plan.changes:
+        if change.action == "in-sync" and not show_in_sync:
+            continue
+        line = f"{change.action:<9} {change.kind:<8} {change.name}"
+        if change.detail:
+            line += f" — {change.detail}"
+        if change.fix:
+            line += f" — fix: {change.fix}"
+        print(line)
+
+
 def plan_table(plan: Plan, *, show_in_sync: bool = True, title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("object")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -10,29 +11,34 @@ import typer
 
 from rmqkit.broker.amqp import connection, parse_version, server_version
 from rmqkit.cli.common import run_async, settings_from
-from rmqkit.cli.render import plan_dict, plan_table, print_json, stderr, stdout, summary_line
-from rmqkit.errors import ConfigError, ExitCode, RmqkitError, UsageError
+from rmqkit.cli.render import plan_dict, print_json, print_plan, stderr, stdout, summary_line
+from rmqkit.errors import ConfigError, ExitCode, RmqkitError
 from rmqkit.topology import declare_topology, export_definitions, load_topology, plan_topology
 
 FILE_ARG = typer.Argument(..., help="Topology file (TOML), e.g. topologies/orders.toml.")
+
+
+class ViaChoice(StrEnum):
+    policy = "policy"
+    arguments = "arguments"
+
+
 VIA_OPT = typer.Option(
-    "policy",
+    ViaChoice.policy,
     "--via",
     help="Where mutable settings go: 'policy' (default; changeable later without deleting "
     "queues) or 'arguments' (x-arguments, for brokers without the management plugin).",
 )
 
 
-def _via(value: str) -> Literal["policy", "arguments"]:
-    if value not in ("policy", "arguments"):
-        raise UsageError(f"--via must be 'policy' or 'arguments', not {value!r}")
-    return "policy" if value == "policy" else "arguments"
+def _via(value: ViaChoice) -> Literal["policy", "arguments"]:
+    return "policy" if value == ViaChoice.policy else "arguments"
 
 
 def declare(
     ctx: typer.Context,
     file: Path = FILE_ARG,
-    via: str = VIA_OPT,
+    via: ViaChoice = VIA_OPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the actions, change nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
@@ -51,7 +57,7 @@ def declare(
         )
     else:
         verb = "Would apply" if dry_run else "Applied"
-        stdout.print(plan_table(plan, show_in_sync=False, title=f"{verb} to vhost {plan.vhost!r}"))
+        print_plan(plan, show_in_sync=False, title=f"{verb} to vhost {plan.vhost!r}:")
         stdout.print(f"{verb}: {summary_line(plan)}.", highlight=False)
     for change in plan.changes:
         if change.action == "orphan":
@@ -66,7 +72,7 @@ def declare(
 def plan(
     ctx: typer.Context,
     file: Path = FILE_ARG,
-    via: str = VIA_OPT,
+    via: ViaChoice = VIA_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """Show what `declare FILE` would do, object by object.
@@ -80,7 +86,7 @@ def plan(
     if as_json:
         print_json(plan_dict(result))
     else:
-        stdout.print(plan_table(result, title=f"{file} against vhost {result.vhost!r}"))
+        print_plan(result, title=f"{file} against vhost {result.vhost!r}:")
         stdout.print(summary_line(result) + ".", highlight=False)
     if result.conflicts:
         if not as_json:
@@ -92,7 +98,7 @@ def plan(
 def export(
     ctx: typer.Context,
     file: Path = FILE_ARG,
-    via: str = VIA_OPT,
+    via: ViaChoice = VIA_OPT,
     vhost: str | None = typer.Option(
         None, "--vhost", help="Vhost to put in the definitions (default: the one RMQKIT_URL names)."
     ),

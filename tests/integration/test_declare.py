@@ -156,8 +156,10 @@ def test_changing_delay_limit_and_length_applies_in_place(
     # Not deleted and recreated: the messages are still there; the new settings are in force.
     assert broker.depths(vhost, [WORK])[WORK] == 3
     assert broker.wait_for(
-        lambda: _effective(vhost, WORK).get("delivery-limit") == 12
-        and _effective(vhost, WORK).get("max-length") == 50000
+        lambda: (
+            _effective(vhost, WORK).get("delivery-limit") == 12
+            and _effective(vhost, WORK).get("max-length") == 50000
+        )
     )
     assert _effective(vhost, "orders.work.wait.3m")["message-ttl"] == 180000
     # The old tier's queue is left in place with its message, still wired back to work.

@@ -22,7 +22,8 @@ def test_parse_rejects_with_a_hint(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("ms", "text"), [(1000, "1s"), (120000, "2m"), (1500, "1500ms"), (3600000, "1h"), (90000, "90s")]
+    ("ms", "text"),
+    [(1000, "1s"), (120000, "2m"), (1500, "1500ms"), (3600000, "1h"), (90000, "90s")],
 )
 def test_format(ms: int, text: str) -> None:
     assert format_duration_ms(ms) == text

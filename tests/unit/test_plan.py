@@ -24,8 +24,12 @@ def _find(changes: list[Change], kind: str, name: str) -> Change:
 
 
 def _quorum(name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"name": name, "type": "quorum", "durable": True,
-            "arguments": {"x-queue-type": "quorum", **(args or {})}}
+    return {
+        "name": name,
+        "type": "quorum",
+        "durable": True,
+        "arguments": {"x-queue-type": "quorum", **(args or {})},
+    }
 
 
 def test_empty_broker_means_create_everything() -> None:
@@ -34,18 +38,29 @@ def test_empty_broker_means_create_everything() -> None:
 
 
 def test_classic_queue_of_the_same_name_is_a_conflict() -> None:
-    live = _live(queues={"orders.work": {"name": "orders.work", "type": "classic", "durable": True,
-                                         "arguments": {}}})
-    change = _find(compute_plan(expand(ORDERS), live, source="f", vhost="/").changes,
-                   "queue", "orders.work")
+    live = _live(
+        queues={
+            "orders.work": {
+                "name": "orders.work",
+                "type": "classic",
+                "durable": True,
+                "arguments": {},
+            }
+        }
+    )
+    change = _find(
+        compute_plan(expand(ORDERS), live, source="f", vhost="/").changes, "queue", "orders.work"
+    )
     assert change.action == "conflict" and "classic" in change.detail and change.fix
 
 
 def test_dead_letter_argument_beats_our_policy() -> None:
-    live = _live(queues={"orders.work": _quorum("orders.work",
-                                                {"x-dead-letter-exchange": "elsewhere"})})
-    change = _find(compute_plan(expand(ORDERS), live, source="f", vhost="/").changes,
-                   "queue", "orders.work")
+    live = _live(
+        queues={"orders.work": _quorum("orders.work", {"x-dead-letter-exchange": "elsewhere"})}
+    )
+    change = _find(
+        compute_plan(expand(ORDERS), live, source="f", vhost="/").changes, "queue", "orders.work"
+    )
     assert change.action == "conflict"
     assert "dead-letter-exchange would be 'elsewhere'" in change.detail
     assert "does not exist" in change.detail  # 'elsewhere' is no exchange
@@ -61,16 +76,22 @@ def test_a_higher_limit_argument_is_harmless_a_lower_one_is_not() -> None:
 
 
 def test_a_policy_with_higher_priority_shadows_ours() -> None:
-    other = {"name": "ops", "pattern": "^orders\\.", "apply-to": "queues", "priority": 50,
-             "definition": {"message-ttl": 1}}
+    other = {
+        "name": "ops",
+        "pattern": "^orders\\.",
+        "apply-to": "queues",
+        "priority": 50,
+        "definition": {"message-ttl": 1},
+    }
     plan = compute_plan(expand(ORDERS), _live(policies={"ops": other}), source="f", vhost="/")
     shadowed = [c for c in plan.conflicts if c.kind == "queue"]
     assert len(shadowed) == 22
     assert "'ops'" in shadowed[0].detail and "policy_priority" in shadowed[0].fix
     # A policy for exchanges only does not matter.
     exchanges_only = {**other, "apply-to": "exchanges"}
-    plan = compute_plan(expand(ORDERS), _live(policies={"ops": exchanges_only}), source="f",
-                        vhost="/")
+    plan = compute_plan(
+        expand(ORDERS), _live(policies={"ops": exchanges_only}), source="f", vhost="/"
+    )
     assert not plan.conflicts
 
 
@@ -86,8 +107,13 @@ def test_policy_change_and_orphans() -> None:
     ours = desired.policies[0]
     live = _live(
         policies={
-            ours.name: {"name": ours.name, "pattern": ours.pattern, "apply-to": "queues",
-                        "priority": 10, "definition": {**ours.definition, "max-length": 5}},
+            ours.name: {
+                "name": ours.name,
+                "pattern": ours.pattern,
+                "apply-to": "queues",
+                "priority": 10,
+                "definition": {**ours.definition, "max-length": 5},
+            },
             "rmqkit.orders.work.wait.9s": {"name": "rmqkit.orders.work.wait.9s"},
         },
         queues={"orders.work.wait.9s": _quorum("orders.work.wait.9s") | {"messages": 4}},
@@ -100,11 +126,21 @@ def test_policy_change_and_orphans() -> None:
 
 
 def test_exchange_type_mismatch() -> None:
-    live = _live(exchanges={"orders": {"name": "orders", "type": "direct", "durable": True,
-                                       "auto_delete": False, "internal": False,
-                                       "arguments": {}}})
-    change = _find(compute_plan(expand(ORDERS), live, source="f", vhost="/").changes,
-                   "exchange", "orders")
+    live = _live(
+        exchanges={
+            "orders": {
+                "name": "orders",
+                "type": "direct",
+                "durable": True,
+                "auto_delete": False,
+                "internal": False,
+                "arguments": {},
+            }
+        }
+    )
+    change = _find(
+        compute_plan(expand(ORDERS), live, source="f", vhost="/").changes, "exchange", "orders"
+    )
     assert change.action == "conflict" and "type is 'direct'" in change.detail
 
 

@@ -22,8 +22,12 @@ def test_defaults() -> None:
     assert settings.resolved_management_url() == "http://guest:guest@127.0.0.1:15672"
 
 
-def test_precedence_flag_env_dotenv_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    (tmp_path / ".env").write_text("RMQKIT_URL=amqp://u:p@dotenv:5672/a\nRMQKIT_CONNECT_TIMEOUT_S=7\n")
+def test_precedence_flag_env_dotenv_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / ".env").write_text(
+        "RMQKIT_URL=amqp://u:p@dotenv:5672/a\nRMQKIT_CONNECT_TIMEOUT_S=7\n"
+    )
     assert load_settings().amqp_urls == ["amqp://u:p@dotenv:5672/a"]
     assert load_settings().connect_timeout_s == 7
     monkeypatch.setenv("RMQKIT_URL", "amqp://u:p@env:5672/b")

@@ -66,8 +66,11 @@ def test_builtin_exchanges_need_no_declaration() -> None:
         ('[queues.w]\nretry_delays = ["1s", "1000ms"]\n', "queues.w.retry_delays"),
         ("[queues.w]\nmax_attempts = 0\n", "queues.w.max_attempts"),
         ('[exchanges.e]\ntype = "fanin"\n', "exchanges.e.type"),
-        ("[queues.w]\n[queues.v]\nparking = \"w\"\n", "queues.v.parking"),
-        ('[[bindings]]\nsource = "amq.direct"\ndestination = "nowhere"\n', "bindings[0].destination"),
+        ('[queues.w]\n[queues.v]\nparking = "w"\n', "queues.v.parking"),
+        (
+            '[[bindings]]\nsource = "amq.direct"\ndestination = "nowhere"\n',
+            "bindings[0].destination",
+        ),
         ("[queues.w]\nretry_delays = [5]\n", "queues.w.retry_delays[0]"),
     ],
 )
