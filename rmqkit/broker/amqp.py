@@ -93,16 +93,21 @@ def amqp_errors_mapped(doing: str) -> Iterator[None]:
 
 
 async def connect(
-    settings: Settings, *, robust: bool = False, name: str = "rmqkit", **kwargs: Any
+    settings: Settings,
+    *,
+    robust: bool = False,
+    name: str = "rmqkit",
+    urls: list[str] | None = None,
+    **kwargs: Any,
 ) -> AbstractConnection:
-    """Open a connection to the first URL that answers, in the order configured.
+    """Open a connection to the first URL that answers, in the order configured (or ``urls``).
 
     Raises AccessRefused (77) for a refused login, BrokerUnavailable (69) when no URL answers
     within ``settings.connect_timeout_s`` each.
     """
     errors: list[RmqkitError] = []
     ssl_context = settings.ssl_context()
-    for url in settings.amqp_urls:
+    for url in urls or settings.amqp_urls:
         try:
             opener = aio_pika.connect_robust if robust else aio_pika.connect
             extra: dict[str, Any] = {"client_properties": {"connection_name": name}}

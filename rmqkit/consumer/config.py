@@ -1,0 +1,202 @@
+"""What a consumer needs to know about its queue, from a topology file, the broker, or flags.
+
+Precedence for each setting: an explicit flag, then the topology file, then what the broker's
+declared objects say (wait queues, parking target), then the defaults here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rmqkit.broker.management import ManagementClient
+from rmqkit.consumer.decision import QueuePolicy
+from rmqkit.durations import format_duration_ms, parse_duration_ms
+from rmqkit.errors import ConfigError
+from rmqkit.topology.expand import wait_queue_names
+from rmqkit.topology.model import Topology
+
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_PREFETCH = 200
+DEFAULT_HANDLER_TIMEOUT_S = 30.0
+# RabbitMQ's default consumer (ack) timeout since 3.8.17: a delivery held unacked longer gets
+# its channel closed (≤ 4.2) or its consumer cancelled (4.3).
+BROKER_CONSUMER_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Everything one consumer process runs with (picklable: handed to worker processes)."""
+
+    handler: str
+    queue: str
+    policy: QueuePolicy
+    prefetch: int = DEFAULT_PREFETCH
+    concurrency: int | None = None  # None: as many handlers in flight as prefetch allows
+    handler_timeout_s: float | None = DEFAULT_HANDLER_TIMEOUT_S
+    grace_s: float = 30.0
+    max_message_bytes: int | None = None
+    require_message_id: bool = False
+    metrics_port: int | None = None
+    log_format: Literal["text", "json"] = "text"
+    ack_flush_s: float = 0.005
+    consumer_timeout_s: float = BROKER_CONSUMER_TIMEOUT_S
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return tuple(format_duration_ms(d) for d in self.policy.retry_delays_ms)
+
+
+@dataclass(frozen=True)
+class ConsumerFlags:
+    """Settings given on the command line (None: not given)."""
+
+    prefetch: int | None = None
+    concurrency: int | None = None
+    handler_timeout_s: float | None = None
+    max_attempts: int | None = None
+    grace_s: float | None = None
+    metrics_port: int | None = None
+    log_format: Literal["text", "json"] = "text"
+    permanent_errors: tuple[str, ...] = ()
+
+
+def policy_from_topology(topology: Topology, queue: str, max_attempts: int | None) -> QueuePolicy:
+    """The consumer view of work queue ``queue`` in ``topology``."""
+    if queue not in topology.model.queues:
+        known = ", ".join(sorted(topology.model.queues)) or "none"
+        raise ConfigError(
+            f"{topology.source} has no work queue {queue!r} (work queues in it: {known})"
+        )
+    spec = topology.model.queues[queue]
+    tiers = wait_queue_names(topology, queue)
+    return QueuePolicy(
+        queue=queue,
+        parking_queue=topology.parking_name(queue),
+        retry_delays_ms=tuple(spec.retry_delays),
+        max_attempts=max_attempts or spec.max_attempts,
+        wait_queues=tuple(tuple(name for name, _ in slots) for slots in tiers),
+        permanent_errors=frozenset(spec.permanent_errors),
+    )
+
+
+async def policy_from_broker(
+    api: ManagementClient, queue: str, max_attempts: int | None
+) -> tuple[QueuePolicy, float | None]:
+    """Read the work queue's parking target and wait tiers from the broker's declared objects.
+
+    Returns the policy and the queue's consumer timeout in seconds if a policy or argument
+    sets one (3.12+).
+    """
+    found = await api.queue(queue)
+    if found is None:
+        raise ConfigError(
+            f"queue {queue!r} does not exist in vhost {api.vhost!r} — declare it first "
+            "(rmqkit declare FILE) or pass --topology"
+        )
+    settings = _effective(found)
+    parking = settings.get("dead-letter-routing-key")
+    if settings.get("dead-letter-exchange") != "" or not isinstance(parking, str) or not parking:
+        raise ConfigError(
+            f"queue {queue!r} has no parking queue (it must dead-letter through the default "
+            "exchange to one) — declare it with rmqkit declare, or pass --topology"
+        )
+    prefix = f"{queue}.wait."
+    tiers: dict[int, list[str]] = {}
+    for other in await api.queues():
+        name = str(other.get("name", ""))
+        if not name.startswith(prefix):
+            continue
+        tier_text = name[len(prefix) :].split(".slot-", 1)[0]
+        try:
+            delay = parse_duration_ms(tier_text)
+        except ValueError:
+            continue
+        if _effective(other).get("dead-letter-routing-key") == queue:
+            tiers.setdefault(delay, []).append(name)
+    delays = sorted(tiers)
+    timeout = settings.get("consumer-timeout")
+    return (
+        QueuePolicy(
+            queue=queue,
+            parking_queue=parking,
+            retry_delays_ms=tuple(delays),
+            max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
+            wait_queues=tuple(tuple(sorted(tiers[d], key=_slot_order)) for d in delays),
+        ),
+        float(timeout) / 1000 if isinstance(timeout, int) else None,
+    )
+
+
+def _slot_order(name: str) -> tuple[int, str]:
+    match = re.search(r"\.slot-(\w+)$", name)
+    if match is None:
+        return (1 << 62, name)
+    try:
+        return (parse_duration_ms(match.group(1)), name)
+    except ValueError:
+        return (1 << 61, name)
+
+
+def _effective(queue: dict[str, Any]) -> dict[str, Any]:
+    args = {k[2:]: v for k, v in (queue.get("arguments") or {}).items() if k.startswith("x-")}
+    policy = dict(queue.get("effective_policy_definition") or {})
+    return {**policy, **args}
+
+
+def build_config(
+    handler: str,
+    queue: str,
+    policy: QueuePolicy,
+    flags: ConsumerFlags,
+    topology: Topology | None = None,
+    broker_consumer_timeout_s: float | None = None,
+) -> ConsumerConfig:
+    """Combine flags, topology and broker facts; collect warnings for the operator."""
+    spec = topology.model.queues[queue] if topology is not None else None
+    if flags.permanent_errors:
+        policy = QueuePolicy(
+            queue=policy.queue,
+            parking_queue=policy.parking_queue,
+            retry_delays_ms=policy.retry_delays_ms,
+            max_attempts=policy.max_attempts,
+            wait_queues=policy.wait_queues,
+            permanent_errors=policy.permanent_errors | frozenset(flags.permanent_errors),
+        )
+    prefetch = flags.prefetch or (spec.prefetch if spec else DEFAULT_PREFETCH)
+    timeout_s = flags.handler_timeout_s
+    if timeout_s is None and spec is not None and spec.handler_timeout is not None:
+        timeout_s = spec.handler_timeout / 1000
+    if timeout_s is None:
+        timeout_s = DEFAULT_HANDLER_TIMEOUT_S
+    consumer_timeout_s = broker_consumer_timeout_s or BROKER_CONSUMER_TIMEOUT_S
+    warnings: list[str] = []
+    if timeout_s >= consumer_timeout_s:
+        warnings.append(
+            f"handler timeout {timeout_s:g}s is not below the broker's consumer timeout "
+            f"{consumer_timeout_s:g}s: a slow handler would get its channel closed and its "
+            "messages redelivered"
+        )
+    if not policy.wait_queues:
+        warnings.append(
+            f"queue {queue!r} has no retry tiers: every transient failure is parked at once"
+        )
+    if prefetch > 2000:
+        warnings.append(f"prefetch {prefetch} is above the 2,000 quorum queues allow")
+    return ConsumerConfig(
+        handler=handler,
+        queue=queue,
+        policy=policy,
+        prefetch=prefetch,
+        concurrency=flags.concurrency,
+        handler_timeout_s=timeout_s,
+        grace_s=flags.grace_s if flags.grace_s is not None else 30.0,
+        max_message_bytes=spec.max_message_bytes if spec else None,
+        require_message_id=spec.require_message_id if spec else False,
+        metrics_port=flags.metrics_port,
+        log_format=flags.log_format,
+        consumer_timeout_s=consumer_timeout_s,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,426 @@
+"""One consumer process: connection, QoS, dispatch, acks, retry/park copies, reconnect, shutdown.
+
+Hot path (per delivery): aiormq hands each delivery to ``_on_delivery`` as its own task; the
+handler runs; success marks the tag finished and the flusher acks the finished prefix with
+``multiple=True`` every few milliseconds. A failure becomes a copy (retry → wait queue, park →
+parking queue) published with confirms and ``mandatory``; the original is marked finished only
+when the copy is confirmed. A nack or return leaves the original to come back (nacked with
+requeue), never acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+from datetime import UTC, datetime
+from time import monotonic, perf_counter
+from typing import Any
+
+import aiormq
+from aiormq.abc import AbstractChannel, DeliveredMessage
+from pamqp import commands as spec
+
+from rmqkit.broker.amqp import connect
+from rmqkit.consumer.acks import AckTracker
+from rmqkit.consumer.attempts import attempt_number
+from rmqkit.consumer.config import ConsumerConfig
+from rmqkit.consumer.decision import (
+    Ack,
+    MissingMessageId,
+    Park,
+    Success,
+    TooLarge,
+    decide,
+)
+from rmqkit.consumer.decision import Retry as RetryDecision
+from rmqkit.consumer.handler import LoadedHandler, run_handler
+from rmqkit.consumer.message import Message
+from rmqkit.consumer.metrics import ConsumerMetrics
+from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
+from rmqkit.settings import Settings, mask_url
+
+log = logging.getLogger("rmqkit.consumer")
+HOST = socket.gethostname()
+_PERSISTENT = 2
+_NACK_BACKOFF_S = 1.0  # before requeueing a message whose copy was refused: no hot loop
+CAUTIOUS_SETTLED = 10
+
+
+class Backoff:
+    """Exponential backoff with full jitter (seed 001): sleep uniform(0, min(cap, base*2^n))."""
+
+    def __init__(self, base_s: float = 0.5, cap_s: float = 30.0) -> None:
+        self.base_s, self.cap_s, self.failures = base_s, cap_s, 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.cap_s, self.base_s * (2**self.failures))
+        self.failures += 1
+        return random.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class Consumer:
+    """Consume one work queue until ``stop()``; reconnects by itself across the URLs."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: ConsumerConfig,
+        handler: LoadedHandler,
+        metrics: ConsumerMetrics,
+        *,
+        cautious: bool = False,
+    ) -> None:
+        self.settings = settings
+        # After a crash: prefetch 1 until CAUTIOUS_SETTLED messages have been settled, so a
+        # message that kills the process spends only its own delivery attempts.
+        self._cautious = cautious
+        self.config = config
+        self.handler = handler
+        self.metrics = metrics
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._flush_wanted = asyncio.Event()
+        self._tracker = AckTracker()
+        self._wait_queues = config.policy.all_wait_queues
+        self._permanent = frozenset(config.policy.permanent_errors)
+        self._sem = (
+            asyncio.Semaphore(config.concurrency)
+            if config.concurrency and config.concurrency < config.prefetch
+            else None
+        )
+        self._flush_threshold = max(1, config.prefetch // 4)
+        self._pid = os.getpid()
+        self.processed = 0  # deliveries settled in this process (for tests and logs)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask for a graceful stop: no new deliveries; in-flight ones finish within the grace."""
+        self._stopping = True
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Consume until stopped. Raises AccessRefused/ConfigError (fatal); retries the rest."""
+        backoff = Backoff()
+        urls = list(self.settings.amqp_urls)
+        start = 0
+        first = True
+        while not self._stopping:
+            order = urls[start:] + urls[:start]
+            try:
+                conn = await connect(
+                    self.settings, urls=order, name=f"rmqkit consume {self.config.queue}"
+                )
+            except (AccessRefused, ConfigError):
+                raise
+            except RmqkitError as exc:
+                delay = backoff.next_delay()
+                log.warning("broker unavailable (%s); retrying in %.1fs", exc, delay)
+                start = (start + 1) % len(urls)
+                await self._sleep_unless_stopped(delay)
+                continue
+            if not first:
+                self.metrics.reconnected()
+            first = False
+            try:
+                await self._consume(conn)
+                backoff.reset()
+            except (AccessRefused, ConfigError):
+                raise
+            except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, OSError) as exc:
+                delay = backoff.next_delay()
+                log.warning(
+                    "connection lost (%s: %s); reconnecting in %.1fs",
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                start = (start + 1) % len(urls)
+                await self._sleep_unless_stopped(delay)
+            finally:
+                self.metrics.set_connected(False)
+                self.metrics.set_consuming(False)
+                if not conn.is_closed:
+                    await asyncio.shield(self._close_quietly(conn))
+
+    async def _sleep_unless_stopped(self, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=delay)
+
+    @staticmethod
+    async def _close_quietly(conn: Any) -> None:
+        # Already broken: nothing to save; the broker requeues what was unacked.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.close(), timeout=5)
+
+    # --- one connection ----------------------------------------------------------------------
+    async def _consume(self, conn: Any) -> None:
+        raw: aiormq.Connection = conn.transport.connection
+        channel = await raw.channel(publisher_confirms=True)
+        await self._check_targets(raw)
+        await channel.basic_qos(prefetch_count=1 if self._cautious else self.config.prefetch)
+        tracker = AckTracker()
+        self._tracker = tracker
+        flusher = asyncio.create_task(self._flusher(channel, tracker))
+        consume_ok = await channel.basic_consume(self.config.queue, self._on_delivery, no_ack=False)
+        self.metrics.set_connected(True)
+        self.metrics.set_consuming(True)
+        log.info(
+            "consuming %s on %s (prefetch %d)",
+            self.config.queue,
+            mask_url(str(raw.url)),
+            self.config.prefetch,
+        )
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        closing = asyncio.ensure_future(channel.closing)
+        try:
+            done, _ = await asyncio.wait({stop_wait, closing}, return_when=asyncio.FIRST_COMPLETED)
+            if closing in done or channel.is_closed:
+                tracker.alive = False
+                exc = (
+                    channel.closing.exception()
+                    if channel.closing.done() and not channel.closing.cancelled()
+                    else None
+                )
+                raise aiormq.exceptions.ChannelInvalidStateError(f"channel closed: {exc}")
+            await self._drain(channel, str(consume_ok.consumer_tag), tracker)
+        finally:
+            stop_wait.cancel()
+            closing.cancel()
+            tracker.alive = False
+            self._flush_wanted.set()
+            flusher.cancel()
+
+    async def _check_targets(self, raw: aiormq.Connection) -> None:
+        """Fail fast if the wait or parking queues are missing: copies would be returned."""
+        for name in (self.config.queue, self.config.policy.parking_queue, *self._wait_queues):
+            probe = await raw.channel()
+            try:
+                await probe.queue_declare(name, passive=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                raise ConfigError(
+                    f"queue {name!r} does not exist — run `rmqkit declare` for the topology "
+                    "first (retries and parking need their queues)"
+                ) from None
+            await probe.close()
+
+    async def _drain(
+        self, channel: AbstractChannel, consumer_tag: str, tracker: AckTracker
+    ) -> None:
+        """Graceful stop: cancel the consumer, let in-flight handlers finish, ack, close."""
+        self.metrics.set_consuming(False)
+        try:
+            await channel.basic_cancel(consumer_tag)
+        except Exception:
+            return  # channel already gone: the broker requeues everything unacked
+        deadline = monotonic() + self.config.grace_s
+        while self._in_flight and monotonic() < deadline:
+            self._idle.clear()
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout=max(0.0, deadline - monotonic()))
+            except TimeoutError:
+                break
+        if self._in_flight:
+            log.warning(
+                "grace period over with %d handler(s) still running; their messages "
+                "will be redelivered",
+                self._in_flight,
+            )
+        await self._flush(channel, tracker)
+        await channel.close()
+
+    # --- acks --------------------------------------------------------------------------------
+    async def _flusher(self, channel: AbstractChannel, tracker: AckTracker) -> None:
+        wanted = self._flush_wanted
+        while tracker.alive:
+            await wanted.wait()
+            wanted.clear()
+            if tracker.pending_acks < self._flush_threshold:
+                await asyncio.sleep(self.config.ack_flush_s)
+            if not tracker.alive:
+                return
+            await self._flush(channel, tracker)
+            if self._cautious and self.processed >= CAUTIOUS_SETTLED:
+                self._cautious = False
+                await channel.basic_qos(prefetch_count=self.config.prefetch)
+                log.info("left cautious mode: prefetch %d", self.config.prefetch)
+
+    async def _flush(self, channel: AbstractChannel, tracker: AckTracker) -> None:
+        before = tracker.outstanding
+        tag = tracker.take_ack()
+        if tag is None or not tracker.alive:
+            return
+        try:
+            await channel.basic_ack(tag, multiple=True)
+        except Exception:
+            tracker.alive = False  # tags die with the channel; those messages come back
+            return
+        self.metrics.acked(before - tracker.outstanding)
+
+    # --- one delivery ------------------------------------------------------------------------
+    async def _on_delivery(self, delivered: DeliveredMessage) -> None:
+        tracker = self._tracker
+        tag: int = delivered.delivery.delivery_tag  # type: ignore[union-attr,assignment]
+        tracker.received(tag)
+        self._in_flight += 1
+        self.metrics.received()
+        self.metrics.in_flight_inc()
+        try:
+            if self._sem is None:
+                await self._handle(delivered, tracker, tag)
+            else:
+                async with self._sem:
+                    if self._stopping:
+                        return  # not started: left unacked, redelivered after we close
+                    await self._handle(delivered, tracker, tag)
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight_dec()
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _handle(self, delivered: DeliveredMessage, tracker: AckTracker, tag: int) -> None:
+        props = delivered.header.properties
+        headers: dict[str, Any] = props.headers or {}
+        body = delivered.body
+        config = self.config
+        outcome: Any
+        attempt = 1
+        if config.max_message_bytes is not None and len(body) > config.max_message_bytes:
+            outcome = TooLarge(len(body), config.max_message_bytes)
+        elif config.require_message_id and not props.message_id:
+            outcome = MissingMessageId()
+        else:
+            deliver = delivered.delivery
+            attempt = attempt_number(headers, config.queue, wait_queues=self._wait_queues)
+            message = Message(
+                body,
+                headers=headers,
+                message_id=props.message_id,
+                routing_key=deliver.routing_key or "",  # type: ignore[union-attr]
+                exchange=deliver.exchange or "",  # type: ignore[union-attr]
+                redelivered=bool(deliver.redelivered),  # type: ignore[union-attr]
+                attempt=attempt,
+                content_type=props.content_type,
+                correlation_id=props.correlation_id,
+                timestamp=props.timestamp,
+                delivery_tag=tag,
+            )
+            started = perf_counter()
+            outcome = await run_handler(
+                self.handler,
+                message,
+                timeout_s=config.handler_timeout_s,
+                permanent_types=self._permanent,
+            )
+            self.metrics.observe_handler(perf_counter() - started)
+        if type(outcome) is Success:
+            self._finished(tracker, tag)
+            return
+        deliver = delivered.delivery
+        decision = decide(
+            outcome,
+            headers,
+            config.policy,
+            exchange=deliver.exchange or "",  # type: ignore[union-attr]
+            routing_key=deliver.routing_key or "",  # type: ignore[union-attr]
+            now=datetime.now(UTC),
+            host=HOST,
+            pid=self._pid,
+        )
+        if isinstance(decision, Ack):
+            self._finished(tracker, tag)
+            return
+        await self._publish_copy(delivered, decision, tracker, tag, attempt)
+
+    def _finished(self, tracker: AckTracker, tag: int) -> None:
+        tracker.finished(tag)
+        self.processed += 1
+        if tracker.pending_acks >= self._flush_threshold or not self._flush_wanted.is_set():
+            self._flush_wanted.set()
+
+    async def _publish_copy(
+        self,
+        delivered: DeliveredMessage,
+        decision: RetryDecision | Park,
+        tracker: AckTracker,
+        tag: int,
+        attempt: int,
+    ) -> None:
+        props = delivered.header.properties
+        channel = delivered.channel
+        copy = spec.Basic.Properties(
+            content_type=props.content_type,
+            content_encoding=props.content_encoding,
+            headers=decision.headers,
+            delivery_mode=_PERSISTENT,
+            priority=props.priority,
+            correlation_id=props.correlation_id,
+            reply_to=props.reply_to,
+            # no expiration: a copy must not expire in a wait or parking queue; no user_id: the
+            # broker rejects one that is not the publishing user's (406 closes the channel).
+            message_id=props.message_id,
+            timestamp=props.timestamp,
+            message_type=props.message_type,
+            app_id=props.app_id,
+        )
+        extra = {"message_id": props.message_id, "attempt": attempt}
+        try:
+            result = await channel.basic_publish(
+                delivered.body,
+                exchange="",
+                routing_key=decision.target_queue,
+                properties=copy,
+                mandatory=True,
+            )
+        except Exception as exc:  # channel gone: the original comes back by itself
+            log.warning(
+                "copy to %s not confirmed (%s); the message will be redelivered",
+                decision.target_queue,
+                exc,
+                extra=extra,
+            )
+            return
+        if isinstance(result, spec.Basic.Ack):
+            self._finished(tracker, tag)
+            if isinstance(decision, Park):
+                self.metrics.parked(decision.reason.value)
+                log.warning(
+                    "parked in %s: %s",
+                    decision.target_queue,
+                    decision.reason.value,
+                    extra={**extra, "decision": "park", "reason": decision.reason.value},
+                )
+            else:
+                tier = self.config.tier_names[decision.tier_index]
+                self.metrics.retried(tier)
+                log.info(
+                    "retry via %s",
+                    decision.target_queue,
+                    extra={**extra, "decision": "retry", "tier": tier},
+                )
+            return
+        # Nacked (e.g. a full queue with reject-publish) or returned (no such queue): the copy
+        # does not exist, so the original must not be acked. Requeue it after a pause.
+        log.error(
+            "copy to %s was refused (%s); requeueing the original",
+            decision.target_queue,
+            type(result).__name__,
+            extra=extra,
+        )
+        await asyncio.sleep(_NACK_BACKOFF_S)
+        if tracker.alive and not channel.is_closed:
+            try:
+                await channel.basic_nack(tag, requeue=True)
+                tracker.settled_elsewhere(tag)
+            except Exception:
+                pass
