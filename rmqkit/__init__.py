@@ -1,6 +1,7 @@
 """rmqkit: RabbitMQ consumers that lose nothing and never loop on poison."""
 
 from rmqkit._version import __version__
+from rmqkit.consumer.message import Message, Permanent, Retry
 from rmqkit.errors import (
     AccessRefused,
     BrokerError,
@@ -23,7 +24,10 @@ __all__ = [
     "ConfigError",
     "DataError",
     "ExitCode",
+    "Message",
+    "Permanent",
     "PartialSuccess",
+    "Retry",
     "RmqkitError",
     "Settings",
     "TopologyConflict",

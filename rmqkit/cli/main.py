@@ -11,6 +11,7 @@ import typer
 
 from rmqkit._version import __version__
 from rmqkit.cli import config as config_cmd
+from rmqkit.cli import consume as consume_cmd
 from rmqkit.cli import topology as topology_cmd
 from rmqkit.errors import ExitCode, RmqkitError
 
@@ -71,6 +72,7 @@ app.command("config")(config_cmd.config)
 app.command("declare")(topology_cmd.declare)
 app.command("plan")(topology_cmd.plan)
 app.command("export")(topology_cmd.export)
+app.command("consume")(consume_cmd.consume)
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -1,0 +1,108 @@
+"""`rmqkit consume module:handler`: a supervised consumer of one work queue."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+
+from rmqkit.broker.management import management
+from rmqkit.cli.common import run_async, settings_from
+from rmqkit.consumer.config import (
+    ConsumerConfig,
+    ConsumerFlags,
+    build_config,
+    policy_from_broker,
+    policy_from_topology,
+)
+from rmqkit.consumer.handler import load_handler
+from rmqkit.consumer.supervisor import run_supervised
+from rmqkit.durations import parse_duration_ms
+from rmqkit.errors import UsageError
+from rmqkit.settings import Settings
+from rmqkit.topology import load_topology
+from rmqkit.topology.model import Topology
+
+
+class LogFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+def consume(
+    ctx: typer.Context,
+    handler: str = typer.Argument(
+        ...,
+        help="The handler as module:function (imported from the current directory, like uvicorn).",
+    ),
+    queue: str = typer.Option(..., "--queue", "-q", help="The work queue to consume."),
+    topology: Path | None = typer.Option(
+        None,
+        "--topology",
+        "-t",
+        help="Topology file: delays, attempts and parking come from it "
+        "(else from the broker's declared objects).",
+    ),
+    prefetch: int | None = typer.Option(None, "--prefetch", min=1, max=65535),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", min=1, help="Handlers in flight per process (default: prefetch)."
+    ),
+    processes: int = typer.Option(1, "--processes", min=1, max=64, help="Worker processes."),
+    handler_timeout: str | None = typer.Option(
+        None,
+        "--handler-timeout",
+        help="e.g. 30s; a handler running longer counts as a "
+        "transient failure (default 30s, or the topology's handler_timeout).",
+    ),
+    max_attempts: int | None = typer.Option(None, "--max-attempts", min=1),
+    grace: str = typer.Option(
+        "30s",
+        "--grace",
+        help="How long SIGTERM waits for in-flight handlers; a second signal stops at once.",
+    ),
+    permanent_error: list[str] = typer.Option(
+        [], "--permanent-error", help="Exception type parked without retry (repeatable)."
+    ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", help="Serve /metrics, /healthz, /readyz (worker i on port+i)."
+    ),
+    log_format: LogFormat = typer.Option(LogFormat.text, "--log-format"),
+) -> None:
+    """Consume QUEUE with HANDLER under supervision: manual acks, retries through the wait
+    queues, poison and exhausted messages to parking. SIGTERM stops gracefully (exit 0)."""
+    settings = settings_from(ctx)
+    load_handler(handler)  # fail here, once, with one line (exit 78) rather than in each worker
+    flags = ConsumerFlags(
+        prefetch=prefetch,
+        concurrency=concurrency,
+        handler_timeout_s=_seconds(handler_timeout, "--handler-timeout"),
+        max_attempts=max_attempts,
+        grace_s=_seconds(grace, "--grace"),
+        metrics_port=metrics_port,
+        log_format="json" if log_format == LogFormat.json else "text",
+        permanent_errors=tuple(permanent_error),
+    )
+    spec = load_topology(topology) if topology is not None else None
+    config = run_async(_resolve(settings, handler, queue, flags, spec))
+    raise typer.Exit(run_supervised(settings, config, processes))
+
+
+def _seconds(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration_ms(text) / 1000
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+async def _resolve(
+    settings: Settings, handler: str, queue: str, flags: ConsumerFlags, spec: Topology | None
+) -> ConsumerConfig:
+    if spec is not None:
+        policy = policy_from_topology(spec, queue, flags.max_attempts)
+        return build_config(handler, queue, policy, flags, spec)
+    async with management(settings) as api:
+        policy, consumer_timeout_s = await policy_from_broker(api, queue, flags.max_attempts)
+    return build_config(handler, queue, policy, flags, None, consumer_timeout_s)
