@@ -165,3 +165,66 @@ def cli(
         timeout=timeout,
         check=False,
     )
+
+
+async def _publish_with_ids(
+    vhost: str, exchange: str, routing_key: str, messages: list[tuple[str, bytes]]
+) -> None:
+    conn = await aio_pika.connect(with_vhost(BASE_URL, vhost))
+    try:
+        channel = await conn.channel(on_return_raises=True)
+        target = (
+            channel.default_exchange if exchange == "" else await channel.get_exchange(exchange)
+        )
+        window = 200  # pipelined confirms: fast, still every publish confirmed
+        pending: list[Any] = []
+        for message_id, body in messages:
+            pending.append(
+                target.publish(
+                    aio_pika.Message(
+                        body, message_id=message_id, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                    ),
+                    routing_key=routing_key,
+                    mandatory=True,
+                )
+            )
+            if len(pending) >= window:
+                await asyncio.gather(*pending)
+                pending = []
+        await asyncio.gather(*pending)
+    finally:
+        await conn.close()
+
+
+def publish_with_ids(
+    vhost: str, exchange: str, routing_key: str, messages: list[tuple[str, bytes]]
+) -> None:
+    """Publish (message_id, body) pairs, confirmed and mandatory, in a pipelined window."""
+    run(_publish_with_ids(vhost, exchange, routing_key, messages))
+
+
+async def _drain(vhost: str, queue: str) -> list[dict[str, Any]]:
+    conn = await aio_pika.connect(with_vhost(BASE_URL, vhost))
+    out: list[dict[str, Any]] = []
+    try:
+        channel = await conn.channel()
+        source = await channel.get_queue(queue, ensure=False)
+        while True:
+            message = await source.get(fail=False, no_ack=True)
+            if message is None:
+                return out
+            out.append(
+                {
+                    "message_id": message.message_id,
+                    "headers": dict(message.headers or {}),
+                    "body": message.body,
+                }
+            )
+    finally:
+        await conn.close()
+
+
+def drain(vhost: str, queue: str) -> list[dict[str, Any]]:
+    """Take every message out of ``queue`` (destructive; for the end of a test)."""
+    result: list[dict[str, Any]] = run(_drain(vhost, queue))
+    return result

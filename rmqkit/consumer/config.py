@@ -16,6 +16,7 @@ from rmqkit.durations import format_duration_ms, parse_duration_ms
 from rmqkit.errors import ConfigError
 from rmqkit.topology.expand import wait_queue_names
 from rmqkit.topology.model import Topology
+from rmqkit.topology.plan import matching_policies
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PREFETCH = 200
@@ -91,12 +92,13 @@ async def policy_from_broker(
     sets one (3.12+).
     """
     found = await api.queue(queue)
+    policies = await api.policies()
     if found is None:
         raise ConfigError(
             f"queue {queue!r} does not exist in vhost {api.vhost!r} — declare it first "
             "(rmqkit declare FILE) or pass --topology"
         )
-    settings = _effective(found)
+    settings = _effective(found, policies)
     parking = settings.get("dead-letter-routing-key")
     if settings.get("dead-letter-exchange") != "" or not isinstance(parking, str) or not parking:
         raise ConfigError(
@@ -114,7 +116,7 @@ async def policy_from_broker(
             delay = parse_duration_ms(tier_text)
         except ValueError:
             continue
-        if _effective(other).get("dead-letter-routing-key") == queue:
+        if _effective(other, policies).get("dead-letter-routing-key") == queue:
             tiers.setdefault(delay, []).append(name)
     delays = sorted(tiers)
     timeout = settings.get("consumer-timeout")
@@ -140,10 +142,20 @@ def _slot_order(name: str) -> tuple[int, str]:
         return (1 << 61, name)
 
 
-def _effective(queue: dict[str, Any]) -> dict[str, Any]:
+def _effective(queue: dict[str, Any], policies: list[dict[str, Any]]) -> dict[str, Any]:
+    """Arguments over the applying policy (the dead-letter keys rmqkit reads: argument wins).
+
+    The management API's effective_policy_definition lags a policy change by up to the stats
+    interval, so the applying policy is also worked out from the policy list.
+    """
     args = {k[2:]: v for k, v in (queue.get("arguments") or {}).items() if k.startswith("x-")}
-    policy = dict(queue.get("effective_policy_definition") or {})
-    return {**policy, **args}
+    policy = queue.get("effective_policy_definition") or {}
+    if not policy:
+        matching = matching_policies(policies, str(queue.get("name", "")))
+        if matching:
+            top = max(matching, key=lambda p: int(p.get("priority", 0)))
+            policy = top.get("definition") or {}
+    return {**dict(policy), **args}
 
 
 def build_config(

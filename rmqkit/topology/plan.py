@@ -122,7 +122,7 @@ def effective_settings(
     return result
 
 
-def _matching_policies(
+def matching_policies(
     policies: dict[str, dict[str, Any]] | list[dict[str, Any]], queue: str
 ) -> list[dict[str, Any]]:
     items = policies.values() if isinstance(policies, dict) else policies
@@ -174,10 +174,10 @@ def _queue_changes(
     changes: list[Change] = []
     found = live.queues.get(spec.name)
     ours = policy_name(spec.name)
-    others = [p for p in _matching_policies(live.policies, spec.name) if p.get("name") != ours]
+    others = [p for p in matching_policies(live.policies, spec.name) if p.get("name") != ours]
     top_other = max(others, key=lambda p: int(p.get("priority", 0)), default=None)
     operator: dict[str, Any] = {}
-    for op in _matching_policies(live.operator_policies, spec.name):
+    for op in matching_policies(live.operator_policies, spec.name):
         operator.update(op.get("definition") or {})
 
     if found is None:
@@ -397,5 +397,6 @@ __all__ = [
     "Plan",
     "compute_plan",
     "effective_settings",
+    "matching_policies",
     "read_live_state",
 ]

@@ -1,0 +1,60 @@
+"""Handlers for consumer tests. Each records what it saw in a SQLite ledger (RMQKIT_TEST_LEDGER).
+
+Body (JSON): {"id": str, "fail": N (fail transiently on attempts 1..N), "permanent": bool,
+"crash": bool (os._exit(1) every time), "sleep": seconds}. A body that is not JSON is undecodable.
+Rows: (message_id, attempt, kind, t) with kind 'attempt' when handling starts and 'effect' when
+the side effect is applied (success only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import time
+from typing import Any
+
+import rmqkit
+
+_db: sqlite3.Connection | None = None
+
+
+def ledger() -> sqlite3.Connection:
+    global _db
+    if _db is None:
+        _db = sqlite3.connect(os.environ["RMQKIT_TEST_LEDGER"], timeout=30, isolation_level=None)
+        _db.execute("PRAGMA journal_mode=WAL")
+        _db.execute("PRAGMA synchronous=OFF")
+        _db.execute(
+            "CREATE TABLE IF NOT EXISTS events (message_id TEXT, attempt INT, kind TEXT, t REAL)"
+        )
+    return _db
+
+
+def record(message_id: str | None, attempt: int, kind: str) -> None:
+    ledger().execute(
+        "INSERT INTO events VALUES (?, ?, ?, ?)", (message_id, attempt, kind, time.time())
+    )
+
+
+async def handle(message: rmqkit.Message) -> None:
+    record(message.message_id, message.attempt, "attempt")
+    order: dict[str, Any] = message.json()
+    if order.get("crash"):
+        os._exit(1)
+    if order.get("sleep"):
+        await asyncio.sleep(float(order["sleep"]))
+    if order.get("permanent"):
+        raise rmqkit.Permanent(f"job {order['id']} is invalid")
+    if int(order.get("fail", 0)) >= message.attempt:
+        raise ConnectionError(f"downstream timed out on attempt {message.attempt}")
+    record(message.message_id, message.attempt, "effect")
+
+
+async def noop(message: rmqkit.Message) -> None:
+    """For throughput: does nothing."""
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps(fields).encode()

@@ -1,0 +1,181 @@
+"""`rmqkit consume` against the real broker: outcomes, retries, parking, shutdown, bad handlers."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import broker
+from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
+from tests.handlers import body
+
+WORK, PARKING = "jobs.work", "jobs.work.parking"
+
+
+@pytest.fixture
+def jobs_vhost(fresh_vhost: Callable[[], str]) -> str:
+    vhost = fresh_vhost()
+    result = broker.cli("declare", JOBS, vhost=vhost)
+    assert result.returncode == 0, result.stderr
+    return vhost
+
+
+@pytest.fixture
+def consumers() -> Iterator[list[ConsumerProcess]]:
+    started: list[ConsumerProcess] = []
+    yield started
+    for consumer in started:
+        consumer.kill()
+
+
+def _all_queues_empty_but_parking(vhost: str) -> bool:
+    counts = broker.depths(vhost, broker.queue_names(vhost) - {PARKING})
+    return all(v == 0 for v in counts.values())
+
+
+def test_mixed_outcomes_each_effect_once_and_poison_parked(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    rng = random.Random(7)
+    ids = [uuid.uuid4().hex for _ in range(1000)]
+    kinds = ["transient"] * 100 + ["permanent"] * 20 + ["undecodable"] * 10 + ["ok"] * 870
+    rng.shuffle(kinds)
+    kind_of = dict(zip(ids, kinds, strict=True))
+    messages = []
+    for mid in ids:
+        kind = kind_of[mid]
+        if kind == "undecodable":
+            messages.append((mid, b"\x00\xff not json"))
+        else:
+            messages.append(
+                (
+                    mid,
+                    body(
+                        id=mid, fail=2 if kind == "transient" else 0, permanent=kind == "permanent"
+                    ),
+                )
+            )
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", messages)
+
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger)
+    consumers.append(consumer)
+    good = {m for m, k in kind_of.items() if k in ("ok", "transient")}
+    assert wait_until(lambda: set(effects(ledger)) >= good, timeout_s=60), consumer.output()
+    assert wait_until(lambda: broker.depths(jobs_vhost, [PARKING])[PARKING] == 30, timeout_s=20)
+    assert wait_until(lambda: _all_queues_empty_but_parking(jobs_vhost), timeout_s=10)
+    assert consumer.stop() == 0, consumer.output()
+
+    done = effects(ledger)
+    assert set(done) == good
+    assert all(n == 1 for n in done.values()), [m for m, n in done.items() if n > 1]
+
+    parked = {p["message_id"]: p for p in broker.drain(jobs_vhost, PARKING)}
+    assert set(parked) == {m for m, k in kind_of.items() if k in ("permanent", "undecodable")}
+    for mid, message in parked.items():
+        headers = message["headers"]
+        expected = "permanent" if kind_of[mid] == "permanent" else "undecodable"
+        assert headers["rmqkit-park-reason"] == expected
+        assert headers["rmqkit-attempt"] == 1
+        assert headers["rmqkit-origin-queue"] == WORK
+        assert headers["rmqkit-original-exchange"] == "jobs"
+        assert headers["rmqkit-original-routing-key"] == "job"
+        assert headers["rmqkit-error-type"] and headers["rmqkit-error-message"]
+        assert "x-death" not in headers
+        if expected == "permanent":
+            assert headers["rmqkit-error-type"] == "rmqkit.consumer.message.Permanent"
+            assert "is invalid" in headers["rmqkit-error-message"]
+        assert message["body"] == dict(messages)[mid]
+
+    # Retry delays follow the tiers: attempt 2 comes 0.5–1 s after attempt 1 (1 s tier with
+    # jitter 0.5), attempt 3 comes 1–2 s after attempt 2 (2 s tier).
+    starts: dict[tuple[str, int], float] = {}
+    for mid, attempt, kind, t in events(ledger):
+        if kind == "attempt":
+            starts.setdefault((mid, attempt), t)
+    for mid in (m for m, k in kind_of.items() if k == "transient"):
+        first, second = starts[(mid, 2)] - starts[(mid, 1)], starts[(mid, 3)] - starts[(mid, 2)]
+        assert 0.45 <= first <= 1.0 + 0.6, (mid, first)
+        assert 0.95 <= second <= 2.0 + 0.6, (mid, second)
+        assert (mid, 4) not in starts
+
+
+def test_a_message_failing_every_time_is_parked_exhausted(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    mid = uuid.uuid4().hex
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(mid, body(id=mid, fail=99))])
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger)
+    consumers.append(consumer)
+    assert wait_until(lambda: broker.depths(jobs_vhost, [PARKING])[PARKING] == 1, timeout_s=20)
+    assert consumer.stop() == 0
+    attempts = sorted(a for m, a, kind, _ in events(ledger) if kind == "attempt")
+    assert attempts == [1, 2, 3, 4]  # max_attempts = 4
+    [parked] = broker.drain(jobs_vhost, PARKING)
+    headers = parked["headers"]
+    assert headers["rmqkit-park-reason"] == "exhausted"
+    assert headers["rmqkit-attempt"] == 4
+    assert headers["rmqkit-error-type"] == "ConnectionError"
+    assert headers["rmqkit-error-message"] == "downstream timed out on attempt 4"
+    assert "ConnectionError" in headers["rmqkit-traceback"]
+    assert headers["rmqkit-first-failed-at"] < headers["rmqkit-last-failed-at"]
+    assert _all_queues_empty_but_parking(jobs_vhost)
+
+
+def test_sigterm_under_load_exits_0_in_grace_and_leaves_nothing_unacked(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    ids = [uuid.uuid4().hex for _ in range(400)]
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m, sleep=0.2)) for m in ids])
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--grace", "3s", "--processes", "2")
+    consumers.append(consumer)
+    assert wait_until(lambda: len(effects(ledger)) >= 50, timeout_s=30), consumer.output()
+    started = time.monotonic()
+    consumer.signal(signal.SIGTERM)
+    code = consumer.stop(timeout=10)
+    elapsed = time.monotonic() - started
+    assert code == 0, consumer.output()
+    assert elapsed <= 3 + 1, elapsed
+    done = effects(ledger)
+    assert all(n == 1 for n in done.values())
+    # Nothing lost: every id is either done or back in the queue, ready (not unacked).
+    remaining = broker.depths(jobs_vhost, [WORK])[WORK]
+    assert remaining is not None and len(done) + remaining == len(ids)
+    queue = broker.wait_for(
+        lambda: (q := broker.mgmt_queue(jobs_vhost, WORK)) and q.get("consumers") == 0 and q
+    )
+    assert queue and queue.get("messages_unacknowledged", 0) == 0
+
+
+def test_handler_that_cannot_be_imported_exits_78(jobs_vhost: str) -> None:
+    for spec, needle in (
+        ("nosuch.module:handle", "nosuch"),
+        ("tests.handlers:missing_function", "missing_function"),
+        ("tests.handlers", "module:function"),
+    ):
+        result = broker.cli("consume", spec, "--queue", WORK, "--topology", JOBS, vhost=jobs_vhost)
+        assert result.returncode == 78, (spec, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_without_topology_the_queue_settings_come_from_the_broker(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    mid = uuid.uuid4().hex
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(mid, body(id=mid, fail=1))])
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger, topology=None)
+    consumers.append(consumer)
+    assert wait_until(lambda: effects(ledger)[mid] == 1, timeout_s=20), consumer.output()
+    assert consumer.stop() == 0
+    assert Counter(a for m, a, k, _ in events(ledger) if k == "attempt") == {1: 1, 2: 1}
