@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -64,10 +65,8 @@ class ConsumerProcess:
     def kill(self) -> None:
         """Leave nothing running: SIGKILL the supervisor and every worker."""
         for pid in self.workers():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)

@@ -94,8 +94,8 @@ def test_mixed_outcomes_each_effect_once_and_poison_parked(
             assert "is invalid" in headers["rmqkit-error-message"]
         assert message["body"] == dict(messages)[mid]
 
-    # Retry delays follow the tiers: attempt 2 comes 0.5–1 s after attempt 1 (1 s tier with
-    # jitter 0.5), attempt 3 comes 1–2 s after attempt 2 (2 s tier).
+    # Retry delays follow the tiers: attempt 2 comes 0.5-1 s after attempt 1 (1 s tier with
+    # jitter 0.5), attempt 3 comes 1-2 s after attempt 2 (2 s tier).
     starts: dict[tuple[str, int], float] = {}
     for mid, attempt, kind, t in events(ledger):
         if kind == "attempt":
