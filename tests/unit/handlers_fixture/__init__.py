@@ -1,0 +1,2 @@
+"""Sample handler modules for tests/unit/test_handler.py, loaded by spec as `rmqkit consume`
+does."""
