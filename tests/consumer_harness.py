@@ -49,7 +49,15 @@ class ConsumerProcess:
         out = subprocess.run(
             ["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False
         )
-        return [int(p) for p in out.stdout.split()]
+        pids = []
+        for pid in (int(p) for p in out.stdout.split()):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"resource_tracker" not in cmdline:  # multiprocessing's helper, not a worker
+                pids.append(pid)
+        return pids
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)

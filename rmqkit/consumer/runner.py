@@ -65,6 +65,13 @@ class Backoff:
         self.failures = 0
 
 
+def _closing_reason(channel: AbstractChannel) -> str:
+    closing = channel.closing
+    if closing.done() and not closing.cancelled() and closing.exception() is not None:
+        return str(closing.exception())
+    return "closed by the broker"
+
+
 class Consumer:
     """Consume one work queue until ``stop()``; reconnects by itself across the URLs."""
 
@@ -136,7 +143,13 @@ class Consumer:
                 backoff.reset()
             except (AccessRefused, ConfigError):
                 raise
-            except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, OSError) as exc:
+            except (
+                TimeoutError,
+                aiormq.exceptions.AMQPError,
+                aiormq.exceptions.ChannelInvalidStateError,
+                ConnectionError,
+                OSError,
+            ) as exc:
                 delay = backoff.next_delay()
                 log.warning(
                     "connection lost (%s: %s); reconnecting in %.1fs",
@@ -186,12 +199,7 @@ class Consumer:
             done, _ = await asyncio.wait({stop_wait, closing}, return_when=asyncio.FIRST_COMPLETED)
             if closing in done or channel.is_closed:
                 tracker.alive = False
-                exc = (
-                    channel.closing.exception()
-                    if channel.closing.done() and not channel.closing.cancelled()
-                    else None
-                )
-                raise aiormq.exceptions.ChannelInvalidStateError(f"channel closed: {exc}")
+                raise ConnectionError(f"channel closed: {_closing_reason(channel)}")
             await self._drain(channel, str(consume_ok.consumer_tag), tracker)
         finally:
             stop_wait.cancel()

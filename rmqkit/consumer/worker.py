@@ -24,6 +24,9 @@ def run_worker(
 ) -> int:
     """Run one consumer in this process until SIGTERM/SIGINT; returns the exit code."""
     configure_logging(config.log_format)
+    # aiormq logs a lost connection as an ERROR with a traceback; the runner reports it once,
+    # as one line, and reconnects.
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
     try:
         handler = load_handler(config.handler)
         return asyncio.run(_main(settings, config, handler, index=index, cautious=cautious))

@@ -179,3 +179,30 @@ def test_without_topology_the_queue_settings_come_from_the_broker(
     assert wait_until(lambda: effects(ledger)[mid] == 1, timeout_s=20), consumer.output()
     assert consumer.stop() == 0
     assert Counter(a for m, a, k, _ in events(ledger) if k == "attempt") == {1: 1, 2: 1}
+
+
+def test_jitter_spreads_a_burst_of_retries_over_the_tier_window(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    ids = [uuid.uuid4().hex for _ in range(500)]
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m, fail=1)) for m in ids])
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--prefetch", "500")
+    consumers.append(consumer)
+    assert wait_until(lambda: set(effects(ledger)) >= set(ids), timeout_s=30), consumer.output()
+    assert consumer.stop() == 0
+    first: dict[str, float] = {}
+    second: dict[str, float] = {}
+    for mid, attempt, kind, t in events(ledger):
+        if kind == "attempt":
+            (first if attempt == 1 else second).setdefault(mid, t)
+    burst_start = min(first.values())
+    returns = sorted(second[m] - burst_start for m in ids)
+    waits = [second[m] - first[m] for m in ids]
+    # No retry waits longer than its tier (1 s) plus scheduling slack.
+    assert max(waits) <= 1.0 + 0.5, max(waits)
+    # No 100 ms window holds more than 30% of the burst.
+    worst = max(
+        sum(1 for r in returns if start <= r < start + 0.1) for start in returns
+    )
+    assert worst <= 0.30 * len(ids), (worst, returns[:5], returns[-5:])

@@ -1,0 +1,152 @@
+"""Consumer faults against the real broker: kill -9, a message that kills its process, a
+connection closed by force, and the broker app stopped and started under the consumer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import broker
+from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
+from tests.handlers import body
+
+WORK, PARKING = "jobs.work", "jobs.work.parking"
+
+
+@pytest.fixture
+def jobs_vhost(fresh_vhost: Callable[[], str]) -> str:
+    vhost = fresh_vhost()
+    assert broker.cli("declare", JOBS, vhost=vhost).returncode == 0
+    return vhost
+
+
+@pytest.fixture
+def consumers() -> Iterator[list[ConsumerProcess]]:
+    started: list[ConsumerProcess] = []
+    yield started
+    for consumer in started:
+        consumer.kill()
+
+
+def _publish(vhost: str, n: int, **fields: object) -> list[str]:
+    ids = [uuid.uuid4().hex for _ in range(n)]
+    broker.publish_with_ids(vhost, "jobs", "job", [(m, body(id=m, **fields)) for m in ids])
+    return ids
+
+
+def _settled(vhost: str) -> bool:
+    counts = broker.depths(vhost, broker.queue_names(vhost) - {PARKING})
+    return all(v == 0 for v in counts.values())
+
+
+def test_kill_9_of_a_worker_mid_batch_loses_nothing(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    ids = _publish(jobs_vhost, 2000, sleep=0.01)
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--processes", "2", "--prefetch", "20")
+    consumers.append(consumer)
+    assert wait_until(lambda: len(effects(ledger)) >= 300, timeout_s=30), consumer.output()
+    victim = consumer.workers()[0]
+    in_flight_before = len(effects(ledger))
+    os.kill(victim, signal.SIGKILL)
+    assert wait_until(lambda: set(effects(ledger)) >= set(ids), timeout_s=90), consumer.output()
+    assert wait_until(lambda: _settled(jobs_vhost), timeout_s=10)
+    assert wait_until(lambda: len(consumer.workers()) == 2, timeout_s=10)  # replaced
+    assert consumer.stop() == 0
+    done = effects(ledger)
+    duplicates = {m: n for m, n in done.items() if n > 1}
+    # Duplicates only among what the killed worker held: at most its prefetch window.
+    assert len(duplicates) <= 20, duplicates
+    assert broker.depths(jobs_vhost, [PARKING])[PARKING] == 0
+    assert in_flight_before < len(ids)
+
+
+def test_a_message_that_kills_its_worker_is_parked_by_the_delivery_limit(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    good = _publish(jobs_vhost, 300)
+    [poison] = _publish(jobs_vhost, 1, crash=True)
+    good += _publish(jobs_vhost, 300)
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--processes", "2")
+    consumers.append(consumer)
+    assert wait_until(lambda: set(effects(ledger)) >= set(good), timeout_s=60), consumer.output()
+    assert wait_until(lambda: broker.depths(jobs_vhost, [PARKING])[PARKING] == 1, timeout_s=60), (
+        consumer.output()
+    )
+    assert wait_until(lambda: len(consumer.workers()) == 2, timeout_s=10)
+    assert _settled(jobs_vhost)
+    assert consumer.stop() == 0
+    [parked] = broker.drain(jobs_vhost, PARKING)
+    assert parked["message_id"] == poison
+    deaths = parked["headers"]["x-death"]
+    assert deaths[0]["reason"] == "delivery_limit" and deaths[0]["queue"] == WORK
+    crashes = sum(1 for m, _, kind, _ in events(ledger) if m == poison and kind == "attempt")
+    assert crashes >= 3  # delivery_limit = 3 in jobs.toml
+    # Duplicates only among what a crashing worker held: its first crash takes its prefetch
+    # window (50) with it; restarted workers are cautious (prefetch 1), so later crashes cost
+    # only the poison's own attempts.
+    duplicates = [m for m, n in effects(ledger).items() if n > 1]
+    assert len(duplicates) <= 50 * 2, len(duplicates)
+
+
+def _close_connections(vhost: str) -> int:
+    closed = 0
+    for conn in broker.api("GET", f"/vhosts/{broker.q(vhost)}/connections").json():
+        broker.api("DELETE", f"/connections/{broker.q(conn['name'])}",
+                   headers={"X-Reason": "test: forced close"})
+        closed += 1
+    return closed
+
+
+def test_forced_connection_close_recovers_by_itself(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    ids = _publish(jobs_vhost, 1500, sleep=0.01)
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--prefetch", "20")
+    consumers.append(consumer)
+    assert wait_until(lambda: len(effects(ledger)) >= 200, timeout_s=30), consumer.output()
+    assert wait_until(lambda: _close_connections(jobs_vhost) > 0, timeout_s=10)
+    assert wait_until(lambda: set(effects(ledger)) >= set(ids), timeout_s=60), consumer.output()
+    assert wait_until(lambda: _settled(jobs_vhost), timeout_s=10)
+    output = consumer.output()
+    assert "connection lost" in output and "reconnecting" in output
+    assert "died" not in output  # recovered in-process, not by a supervisor restart
+    assert consumer.stop() == 0
+    assert sum(1 for n in effects(ledger).values() if n > 1) <= 20
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
+
+
+@pytest.mark.skipif(os.environ.get("RMQKIT_TEST_NO_BROKER_RESTART") == "1",
+                    reason="broker restarts disabled")
+def test_broker_stop_app_start_app_during_consumption(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    ids = _publish(jobs_vhost, 1500, sleep=0.01)
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--prefetch", "20")
+    consumers.append(consumer)
+    assert wait_until(lambda: len(effects(ledger)) >= 200, timeout_s=30), consumer.output()
+    try:
+        _rabbitmqctl("stop_app")
+        time.sleep(2)
+    finally:
+        _rabbitmqctl("start_app")
+        _rabbitmqctl("await_startup")
+    assert wait_until(lambda: set(effects(ledger)) >= set(ids), timeout_s=120), consumer.output()
+    assert wait_until(lambda: _settled(jobs_vhost), timeout_s=20)
+    assert "died" not in consumer.output()
+    assert consumer.stop() == 0
+    assert sum(1 for n in effects(ledger).values() if n > 1) <= 20
