@@ -31,11 +31,15 @@ class ConsumerProcess:
         handler: str = "tests.handlers:handle",
         queue: str = "jobs.work",
         topology: str | None = JOBS,
+        global_args: bool = False,
     ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
         env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
         env["RMQKIT_TEST_LEDGER"] = str(ledger)
-        cmd = [sys.executable, "-m", "rmqkit", "consume", handler, "--queue", queue, *args]
+        # global_args: args are global options (before the command), e.g. --url.
+        head = [*args] if global_args else []
+        tail = [] if global_args else [*args]
+        cmd = [sys.executable, "-m", "rmqkit", *head, "consume", handler, "--queue", queue, *tail]
         if topology:
             cmd += ["--topology", topology]
         self.log_path = ledger.with_suffix(".log")
@@ -81,7 +85,8 @@ class ConsumerProcess:
         self._log.close()
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
 
 

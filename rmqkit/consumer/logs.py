@@ -20,6 +20,7 @@ lines are never printed twice).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
@@ -125,6 +126,23 @@ def _text_value(value: object) -> str:
     return text
 
 
+# The message being handled in this task (set by the runner; asyncio tasks and the handler
+# threads copy it), so even a handler's own log lines carry message_id and attempt.
+current_message: contextvars.ContextVar[tuple[str | None, int] | None] = contextvars.ContextVar(
+    "rmqkit_current_message", default=None
+)
+
+
+class MessageContextFilter(logging.Filter):
+    """Adds message_id/attempt of the message in hand to records that do not name one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = current_message.get()
+        if context is not None and getattr(record, "message_id", None) is None:
+            record.message_id, record.attempt = context
+        return True
+
+
 def configure_logging(
     fmt: Literal["text", "json"],
     level: int = logging.INFO,
@@ -153,6 +171,7 @@ def configure_logging(
 
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     handler.setFormatter(formatter)
+    handler.addFilter(MessageContextFilter())
     setattr(handler, _HANDLER_MARK, True)
     root.addHandler(handler)
     root.setLevel(level)

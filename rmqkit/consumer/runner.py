@@ -16,6 +16,7 @@ import logging
 import os
 import random
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from time import monotonic, perf_counter
 from typing import Any
@@ -38,9 +39,11 @@ from rmqkit.consumer.decision import (
 )
 from rmqkit.consumer.decision import Retry as RetryDecision
 from rmqkit.consumer.handler import LoadedHandler, run_handler
+from rmqkit.consumer.logs import current_message
 from rmqkit.consumer.message import Message
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
+from rmqkit.headers import ATTEMPT
 from rmqkit.settings import Settings, mask_url
 
 log = logging.getLogger("rmqkit.consumer")
@@ -108,12 +111,26 @@ class Consumer:
         self._flush_threshold = max(1, config.prefetch // 4)
         self._pid = os.getpid()
         self.processed = 0  # deliveries settled in this process (for tests and logs)
+        # Plain `def` handlers run here: sized to the handlers allowed in flight, and shut down
+        # without waiting at stop (a hung thread must not hold the process past its grace).
+        self.executor = (
+            None
+            if handler.is_async
+            else ThreadPoolExecutor(
+                max_workers=config.concurrency or config.prefetch, thread_name_prefix="rmqkit"
+            )
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
         """Ask for a graceful stop: no new deliveries; in-flight ones finish within the grace."""
         self._stopping = True
         self._stop.set()
+
+    def close(self) -> None:
+        """Release the handler threads without waiting for ones still running."""
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def run(self) -> None:
         """Consume until stopped. Raises AccessRefused/ConfigError (fatal); retries the rest."""
@@ -309,7 +326,10 @@ class Consumer:
             outcome = MissingMessageId()
         else:
             deliver = delivered.delivery
-            attempt = attempt_number(headers, config.queue, wait_queues=self._wait_queues)
+            # Without x-death and our attempt header this is a first delivery: skip the parse.
+            if headers and ("x-death" in headers or ATTEMPT in headers):
+                attempt = attempt_number(headers, config.queue, wait_queues=self._wait_queues)
+            current_message.set((props.message_id, attempt))
             message = Message(
                 body,
                 headers=headers,
@@ -329,6 +349,7 @@ class Consumer:
                 message,
                 timeout_s=config.handler_timeout_s,
                 permanent_types=self._permanent,
+                executor=self.executor,
             )
             self.metrics.observe_handler(perf_counter() - started)
         if type(outcome) is Success:

@@ -68,6 +68,7 @@ async def _main(
     try:
         await consumer.run()
     finally:
+        consumer.close()
         beat.cancel()
         if server is not None:
             await server.stop()

@@ -202,7 +202,62 @@ def test_jitter_spreads_a_burst_of_retries_over_the_tier_window(
     # No retry waits longer than its tier (1 s) plus scheduling slack.
     assert max(waits) <= 1.0 + 0.5, max(waits)
     # No 100 ms window holds more than 30% of the burst.
-    worst = max(
-        sum(1 for r in returns if start <= r < start + 0.1) for start in returns
-    )
+    worst = max(sum(1 for r in returns if start <= r < start + 0.1) for start in returns)
     assert worst <= 0.30 * len(ids), (worst, returns[:5], returns[-5:])
+
+
+def test_metrics_readiness_and_json_logs_with_message_context(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    import socket
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ok = [uuid.uuid4().hex for _ in range(20)]
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m)) for m in ok])
+    [bad] = [uuid.uuid4().hex]
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(bad, body(id=bad, permanent=True))])
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(
+        jobs_vhost, ledger, "--metrics-port", str(port), "--log-format", "json"
+    )
+    consumers.append(consumer)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(url + "/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    assert wait_until(ready, timeout_s=20), consumer.output()
+    assert httpx.get(url + "/healthz", timeout=2).status_code == 200
+    assert wait_until(lambda: len(effects(ledger)) == 20, timeout_s=20)
+    assert wait_until(lambda: broker.depths(jobs_vhost, [PARKING])[PARKING] == 1, timeout_s=10)
+    metrics = httpx.get(url + "/metrics", timeout=2).text
+    assert 'rmqkit_consumer_received_total{queue="jobs.work"} 21.0' in metrics
+    assert 'rmqkit_consumer_parked_total{queue="jobs.work",reason="permanent"} 1.0' in metrics
+    assert "rmqkit_consumer_handler_seconds_bucket" in metrics
+    assert consumer.stop() == 0
+    import json
+
+    lines = [json.loads(x) for x in consumer.output().splitlines() if x.startswith("{")]
+    parked = [x for x in lines if x.get("decision") == "park"]
+    assert parked and parked[0]["message_id"] == bad and parked[0]["attempt"] == 1
+
+
+def test_fails_over_to_the_next_url(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    mid = uuid.uuid4().hex
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(mid, body(id=mid))])
+    ledger = tmp_path / "ledger.db"
+    dead = f"amqp://guest:guest@127.0.0.1:5999/{broker.q(jobs_vhost)}"
+    live = f"amqp://guest:guest@127.0.0.1:5672/{broker.q(jobs_vhost)}"
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--url", f"{dead},{live}", global_args=True)
+    consumers.append(consumer)
+    assert wait_until(lambda: effects(ledger)[mid] == 1, timeout_s=20), consumer.output()
+    assert consumer.stop() == 0
