@@ -101,8 +101,11 @@ def test_a_message_that_kills_its_worker_is_parked_by_the_delivery_limit(
 def _close_connections(vhost: str) -> int:
     closed = 0
     for conn in broker.api("GET", f"/vhosts/{broker.q(vhost)}/connections").json():
-        broker.api("DELETE", f"/connections/{broker.q(conn['name'])}",
-                   headers={"X-Reason": "test: forced close"})
+        broker.api(
+            "DELETE",
+            f"/connections/{broker.q(conn['name'])}",
+            headers={"X-Reason": "test: forced close"},
+        )
         closed += 1
     return closed
 
@@ -129,8 +132,9 @@ def _rabbitmqctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
 
 
-@pytest.mark.skipif(os.environ.get("RMQKIT_TEST_NO_BROKER_RESTART") == "1",
-                    reason="broker restarts disabled")
+@pytest.mark.skipif(
+    os.environ.get("RMQKIT_TEST_NO_BROKER_RESTART") == "1", reason="broker restarts disabled"
+)
 def test_broker_stop_app_start_app_during_consumption(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
