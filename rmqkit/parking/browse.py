@@ -1,0 +1,240 @@
+"""Browsing a parking queue without losing or disturbing anything.
+
+One pass: consume with a prefetch window as large as the queue (so every message is held
+unacked by the broker at once; quorum queues cap an unlimited prefetch at 2,000, an explicit
+one is honoured), let a visitor look at each message, then cancel the consumer and return the
+untouched ones with a single ``basic.nack(multiple=True, requeue=True)``. Never one at a time:
+a message returned singly comes straight back and the loop would see it again.
+
+Returning a message to a quorum queue counts as a delivery attempt, so a parking queue with a
+delivery limit would drop or dead-letter messages as they are browsed: ``check_browsable``
+refuses such a queue before anything is read.
+
+Order: on RabbitMQ 3.x a quorum queue without a delivery limit puts returned messages at the
+back, in their order, so after a full pass the queue holds the same messages in the same order,
+with any message parked during the pass ahead of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import aiormq
+from aiormq.abc import DeliveredMessage
+
+from rmqkit.broker.management import ManagementClient
+from rmqkit.errors import BrokerUnavailable, DataError
+from rmqkit.parking.model import ParkedMessage
+from rmqkit.topology.plan import matching_policies
+
+MAX_WINDOW = 60_000  # prefetch_count is 16-bit; larger queues are browsed in several passes
+IDLE_TIMEOUT_S = 2.0  # no delivery for this long: the rest is held by someone else
+
+
+class Verdict(Enum):
+    """What to do with a message the visitor has looked at."""
+
+    KEEP = "keep"  # return it to the queue at the end of the pass
+    TAKE = "take"  # remove it now (ack): purge
+    STOP = "stop"  # keep it, and end the browse now
+
+
+# A visitor may also return a future: the message is removed (acked) when it resolves True —
+# a replay's publisher confirm, an export's fsync — and kept when it resolves False or fails.
+Visitor = Callable[[ParkedMessage], Awaitable["Verdict | asyncio.Future[bool]"]]
+
+
+@dataclass
+class BrowseStats:
+    """What one browse saw."""
+
+    queue_count: int = 0  # ready messages when the browse started
+    seen: int = 0
+    kept: int = 0
+    taken: int = 0
+    stopped_early: bool = False
+
+
+async def check_browsable(
+    api: ManagementClient, queue: str, broker_version: tuple[int, int, int]
+) -> dict[str, Any]:
+    """Refuse (DataError, exit 65) a queue that browsing could damage; returns its API object."""
+    try:
+        found = await api.queue(queue)
+    except BrokerUnavailable as exc:
+        raise BrokerUnavailable(
+            f"{exc} (parking commands read the queue's delivery limit through the management API "
+            "before browsing, since browsing a queue that has one can drop messages)"
+        ) from None
+    if found is None:
+        raise DataError(f"parking queue {queue!r} does not exist in vhost {api.vhost!r}")
+    qtype = found.get("type", "classic")
+    if qtype == "stream":
+        raise DataError(f"{queue!r} is a stream: streams cannot be browsed with acks or replayed")
+    if qtype != "quorum":
+        return dict(found)
+    limit, source = _delivery_limit(found, await api.policies())
+    if limit is None and broker_version >= (4, 0, 0):
+        limit, source = 20, "the 4.x default for quorum queues"
+    if limit is not None and limit >= 0:
+        raise DataError(
+            f"parking queue {queue!r} has a delivery limit of {limit} (from {source}): browsing "
+            "returns messages to the queue, each return counts as a delivery, and at the limit "
+            f"they are dropped or dead-lettered — fix: {_limit_fix(queue, source)}"
+        )
+    return dict(found)
+
+
+def _delivery_limit(
+    queue: dict[str, Any], policies: list[dict[str, Any]]
+) -> tuple[int | None, str]:
+    arg = (queue.get("arguments") or {}).get("x-delivery-limit")
+    policy_def = queue.get("effective_policy_definition") or {}
+    policy_name = queue.get("policy")
+    if not policy_def:  # the management API's view lags a policy change: work it out
+        matching = matching_policies(policies, str(queue.get("name", "")))
+        if matching:
+            top = max(matching, key=lambda p: int(p.get("priority", 0)))
+            policy_def, policy_name = top.get("definition") or {}, top.get("name")
+    pol = policy_def.get("delivery-limit")
+    values = [
+        (v, s)
+        for v, s in ((arg, "its x-delivery-limit argument"), (pol, f"policy {policy_name!r}"))
+        if isinstance(v, int)
+    ]
+    if not values:
+        return None, ""
+    return min(values, key=lambda vs: vs[0])
+
+
+def _limit_fix(queue: str, source: str) -> str:
+    if source.startswith("its x-delivery-limit"):
+        return (
+            "the argument is fixed at declaration: declare a parking queue with `rmqkit declare`, "
+            f"move the messages there (shovel), then delete {queue!r}"
+        )
+    pattern = "^" + queue.replace(".", "\\\\.") + "$"
+    return (
+        f"`rmqkit declare` your topology file, or: rabbitmqctl set_policy rmqkit.{queue} "
+        f"'{pattern}' '{{\"delivery-limit\":-1}}' --apply-to queues --priority 100 "
+        "(on 3.x, where -1 is invalid, remove delivery-limit from the policy instead)"
+    )
+
+
+async def browse(
+    conn: aiormq.abc.AbstractConnection,
+    queue: str,
+    visit: Visitor,
+    *,
+    settle: Callable[[], Awaitable[None]] | None = None,
+    window: int = MAX_WINDOW,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+) -> BrowseStats:
+    """Show every message of ``queue`` (as it was when the browse started) to ``visit``.
+
+    ``settle`` is awaited at the end of each pass, before anything is returned: the visitor
+    completes what its futures wait for there (an export's last fsync). Messages whose futures
+    are still pending are waited for, never returned while their copy may be unconfirmed.
+    """
+    stats = BrowseStats()
+    channel = await conn.channel()
+    declared = await channel.queue_declare(queue, passive=True)
+    stats.queue_count = remaining = int(declared.message_count or 0)
+    await channel.close()
+    while remaining > 0 and not stats.stopped_early:
+        size = min(remaining, window)
+        seen = await _one_pass(conn, queue, visit, settle, size, idle_timeout_s, stats)
+        if seen == 0:
+            break
+        remaining -= seen
+    return stats
+
+
+async def _one_pass(
+    conn: aiormq.abc.AbstractConnection,
+    queue: str,
+    visit: Visitor,
+    settle: Callable[[], Awaitable[None]] | None,
+    size: int,
+    idle_timeout_s: float,
+    stats: BrowseStats,
+) -> int:
+    channel = await conn.channel()
+    inbox: asyncio.Queue[DeliveredMessage] = asyncio.Queue()
+
+    async def on_delivery(message: DeliveredMessage) -> None:
+        inbox.put_nowait(message)
+
+    await channel.basic_qos(prefetch_count=size)
+    consume_ok = await channel.basic_consume(queue, on_delivery, no_ack=False)
+    seen = 0
+    last_tag = 0
+    kept_any = False
+    pending: set[asyncio.Future[bool]] = set()
+
+    def on_settled(tag: int, future: asyncio.Future[bool]) -> None:
+        nonlocal kept_any
+        pending.discard(future)
+        if not future.cancelled() and future.exception() is None and future.result():
+            stats.taken += 1
+            acks.append(tag)
+        else:
+            stats.kept += 1
+            kept_any = True
+
+    acks: list[int] = []
+    try:
+        while seen < size:
+            try:
+                delivered = await asyncio.wait_for(inbox.get(), timeout=idle_timeout_s)
+            except TimeoutError:
+                break
+            tag = int(delivered.delivery.delivery_tag or 0)  # type: ignore[union-attr]
+            last_tag = max(last_tag, tag)
+            seen += 1
+            stats.seen += 1
+            message = ParkedMessage.from_delivery(tag, delivered.header.properties, delivered.body)
+            verdict = await visit(message)
+            if isinstance(verdict, asyncio.Future):
+                pending.add(verdict)
+                verdict.add_done_callback(functools.partial(on_settled, tag))
+            elif verdict is Verdict.TAKE:
+                stats.taken += 1
+                acks.append(tag)
+            else:
+                stats.kept += 1
+                kept_any = True
+                if verdict is Verdict.STOP:
+                    stats.stopped_early = True
+                    break
+            if len(acks) >= 256:
+                await _ack_each(channel, acks)
+    finally:
+        # Stop deliveries first, or the returned messages would come straight back to us.
+        with contextlib.suppress(Exception):
+            await channel.basic_cancel(str(consume_ok.consumer_tag))
+        if settle is not None:
+            await settle()
+        if pending:
+            await asyncio.wait(set(pending))
+        if not channel.is_closed:
+            await _ack_each(channel, acks)
+            if kept_any and last_tag:
+                # Every outstanding tag up to last_tag is one we keep: the taken ones are acked.
+                await channel.basic_nack(last_tag, multiple=True, requeue=True)
+        # Anything delivered after the cancel was never seen: closing returns it.
+        await channel.close()
+    return seen
+
+
+async def _ack_each(channel: aiormq.abc.AbstractChannel, tags: list[int]) -> None:
+    """Ack taken messages one by one: kept ones sit between them, so no multiple=True."""
+    for tag in tags:
+        await channel.basic_ack(tag)
+    tags.clear()
