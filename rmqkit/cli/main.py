@@ -12,6 +12,7 @@ import typer
 from rmqkit._version import __version__
 from rmqkit.cli import config as config_cmd
 from rmqkit.cli import consume as consume_cmd
+from rmqkit.cli import parking as parking_cmd
 from rmqkit.cli import topology as topology_cmd
 from rmqkit.errors import ExitCode, RmqkitError
 
@@ -73,6 +74,7 @@ app.command("declare")(topology_cmd.declare)
 app.command("plan")(topology_cmd.plan)
 app.command("export")(topology_cmd.export)
 app.command("consume")(consume_cmd.consume)
+app.add_typer(parking_cmd.app, name="parking")
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -70,6 +70,8 @@ class QueueModel(_Strict):
     handler_timeout: DurationMs | None = None
     require_message_id: bool = False
     max_message_bytes: int | None = Field(default=None, ge=1)
+    # Body and header fields masked in every parking view (list, show, export with --redact).
+    sensitive_fields: list[str] = Field(default_factory=list)
 
 
 class BindingModel(_Strict):

@@ -1,0 +1,315 @@
+"""Parking lane operations: list, find, stats, replay, purge — each one browse pass."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiormq
+from pamqp import commands as spec
+
+from rmqkit import headers as h
+from rmqkit.broker.amqp import connect, server_version
+from rmqkit.broker.management import ManagementClient, management
+from rmqkit.parking.browse import BrowseStats, Verdict, browse, check_browsable
+from rmqkit.parking.model import ParkedFilter, ParkedMessage
+from rmqkit.settings import Settings
+
+Progress = Callable[[int, int], None]  # (seen, total at start)
+PUBLISH_WINDOW = 1000  # unconfirmed replay copies in flight
+
+
+@dataclass
+class ParkingSession:
+    """An open connection to a parking queue that was checked to be safe to browse."""
+
+    raw: aiormq.abc.AbstractConnection
+    api: ManagementClient
+    queue: str
+    info: dict[str, Any]
+
+
+@asynccontextmanager
+async def parking_session(settings: Settings, queue: str) -> AsyncIterator[ParkingSession]:
+    """Connect, check ``queue`` is browsable (exit 65 if not), and always close."""
+    conn = await connect(settings, name=f"rmqkit parking {queue}")
+    try:
+        async with management(settings) as api:
+            info = await check_browsable(api, queue, server_version(conn))
+            raw: aiormq.abc.AbstractConnection = conn.transport.connection  # type: ignore[union-attr]
+            yield ParkingSession(raw, api, queue, info)
+    finally:
+        await conn.close()
+
+
+async def list_parked(
+    settings: Settings,
+    queue: str,
+    flt: ParkedFilter,
+    on_message: Callable[[ParkedMessage], None],
+    *,
+    limit: int | None = None,
+    progress: Progress | None = None,
+) -> BrowseStats:
+    """Call ``on_message`` for each matching parked message; the queue is left as it was."""
+    matched = 0
+    now = datetime.now(UTC)
+    async with parking_session(settings, queue) as session:
+        total = 0
+
+        async def visit(message: ParkedMessage) -> Verdict:
+            nonlocal matched
+            if progress is not None:
+                progress(stats_seen(), total)
+            if not flt.matches(message, now):
+                return Verdict.KEEP
+            matched += 1
+            on_message(message)
+            if limit is not None and matched >= limit:
+                return Verdict.STOP
+            return Verdict.KEEP
+
+        seen = 0
+
+        def stats_seen() -> int:
+            nonlocal seen
+            seen += 1
+            return seen
+
+        total = await _ready_count(session)
+        return await browse(session.raw, queue, visit)
+
+
+async def _ready_count(session: ParkingSession) -> int:
+    channel = await session.raw.channel()
+    declared = await channel.queue_declare(session.queue, passive=True)
+    await channel.close()
+    return int(declared.message_count or 0)
+
+
+async def find_parked(settings: Settings, queue: str, message_id: str) -> ParkedMessage | None:
+    """The parked message with ``message_id`` (the first one, if duplicated), left in place."""
+    found: list[ParkedMessage] = []
+    flt = ParkedFilter(ids=frozenset({message_id}))
+    await list_parked(settings, queue, flt, found.append, limit=1)
+    return found[0] if found else None
+
+
+@dataclass
+class ParkingStats:
+    """Counts of a parking queue's (matching) messages."""
+
+    queue: str
+    total: int = 0
+    matched: int = 0
+    bytes: int = 0
+    by_reason: Counter[str] = field(default_factory=Counter)
+    by_error_type: Counter[str] = field(default_factory=Counter)
+    by_origin: Counter[str] = field(default_factory=Counter)
+    oldest_age_s: float | None = None
+    publish_rate: float | None = None  # messages/s parked recently (management API rates)
+    deliver_rate: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "total": self.total,
+            "matched": self.matched,
+            "bytes": self.bytes,
+            "by_reason": dict(self.by_reason.most_common()),
+            "by_error_type": dict(self.by_error_type.most_common()),
+            "by_origin": dict(self.by_origin.most_common()),
+            "oldest_age_s": self.oldest_age_s,
+            "publish_rate": self.publish_rate,
+        }
+
+
+async def parking_stats(settings: Settings, queue: str, flt: ParkedFilter) -> ParkingStats:
+    """Counts by reason, error type and origin, oldest age, and growth when rates are known."""
+    result = ParkingStats(queue)
+    now = datetime.now(UTC)
+    async with parking_session(settings, queue) as session:
+
+        async def visit(message: ParkedMessage) -> Verdict:
+            result.total += 1
+            if not flt.matches(message, now):
+                return Verdict.KEEP
+            result.matched += 1
+            result.bytes += message.size
+            result.by_reason[message.reason or "unknown"] += 1
+            result.by_error_type[message.error_type or "-"] += 1
+            result.by_origin[message.origin_queue or "-"] += 1
+            age = message.age_s(now)
+            if age is not None and (result.oldest_age_s is None or age > result.oldest_age_s):
+                result.oldest_age_s = age
+            return Verdict.KEEP
+
+        await browse(session.raw, queue, visit)
+        details = (session.info.get("message_stats") or {}).get("publish_details") or {}
+        rate = details.get("rate")
+        result.publish_rate = float(rate) if isinstance(rate, int | float) else None
+    return result
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did (or, with dry_run, would do)."""
+
+    selected: int = 0
+    replayed: int = 0
+    returned: int = 0  # unroutable: no queue took it; it stays parked
+    failed: int = 0  # nacked by the broker (e.g. a full target); it stays parked
+    skipped: int = 0  # no origin queue known and no --to-exchange/--routing-key
+    plan: list[tuple[str | None, str, str]] = field(default_factory=list)  # dry run targets
+    problems: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def partial(self) -> bool:
+        return self.replayed < self.selected
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "selected": self.selected,
+            "replayed": self.replayed,
+            "returned": self.returned,
+            "failed": self.failed,
+            "skipped": self.skipped,
+            "problems": dict(self.problems),
+        }
+
+
+def replay_headers(headers: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """Headers of a replayed copy: fresh attempts, one more replay, the failure history kept."""
+    out = h.strip_broker_headers(headers)
+    out[h.ATTEMPT] = 0
+    previous = out.get(h.REPLAY_COUNT)
+    out[h.REPLAY_COUNT] = (previous if isinstance(previous, int) else 0) + 1
+    out[h.REPLAYED_AT] = h.format_timestamp(now)
+    return out
+
+
+async def replay_parked(
+    settings: Settings,
+    queue: str,
+    flt: ParkedFilter,
+    *,
+    to_exchange: str | None = None,
+    routing_key: str | None = None,
+    dry_run: bool = False,
+    rate: float | None = None,
+    limit: int | None = None,
+    progress: Progress | None = None,
+) -> ReplayReport:
+    """Send matching parked messages back where they failed, each acked after its confirm.
+
+    A crash at any moment leaves each message parked, in its target, or (within the confirm
+    window) in both: never in neither. Running the replay again continues with what is left.
+    """
+    report = ReplayReport()
+    now = datetime.now(UTC)
+    interval = 1.0 / rate if rate else 0.0
+    next_at = time.monotonic()
+    async with parking_session(settings, queue) as session:
+        total = await _ready_count(session)
+        publisher = await session.raw.channel(publisher_confirms=True)
+        window = asyncio.Semaphore(PUBLISH_WINDOW)
+        seen = 0
+
+        async def send(message: ParkedMessage, exchange: str, key: str) -> bool:
+            props = message.properties
+            copy = spec.Basic.Properties(
+                content_type=props.content_type,
+                content_encoding=props.content_encoding,
+                headers=replay_headers(message.headers, now),
+                delivery_mode=2,
+                priority=props.priority,
+                correlation_id=props.correlation_id,
+                reply_to=props.reply_to,
+                message_id=props.message_id,
+                timestamp=props.timestamp,
+                message_type=props.message_type,
+                app_id=props.app_id,
+            )
+            try:
+                result = await publisher.basic_publish(
+                    message.body,
+                    exchange=exchange,
+                    routing_key=key,
+                    properties=copy,
+                    mandatory=True,
+                )
+            except Exception as exc:
+                report.failed += 1
+                report.problems[f"publish failed: {type(exc).__name__}"] += 1
+                return False
+            finally:
+                window.release()
+            if isinstance(result, spec.Basic.Ack):
+                report.replayed += 1
+                return True
+            if isinstance(result, spec.Basic.Nack):
+                report.failed += 1
+                report.problems[f"nacked by the broker (target {key!r} full?)"] += 1
+            else:
+                report.returned += 1
+                report.problems[f"unroutable: exchange {exchange!r} key {key!r}"] += 1
+            return False
+
+        async def visit(message: ParkedMessage) -> Verdict | asyncio.Future[bool]:
+            nonlocal seen, next_at
+            seen += 1
+            if progress is not None:
+                progress(seen, total)
+            if not flt.matches(message, now):
+                return Verdict.KEEP
+            if limit is not None and report.selected >= limit:
+                return Verdict.STOP
+            report.selected += 1
+            exchange = to_exchange if to_exchange is not None else ""
+            key = routing_key if routing_key is not None else message.origin_queue
+            if key is None:
+                report.skipped += 1
+                report.problems["no origin queue (pass --routing-key)"] += 1
+                return Verdict.KEEP
+            if dry_run:
+                report.plan.append((message.message_id, exchange, key))
+                return Verdict.KEEP
+            if interval:
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                next_at = max(next_at, time.monotonic()) + interval
+            await window.acquire()
+            return asyncio.ensure_future(send(message, exchange, key))
+
+        try:
+            await browse(session.raw, queue, visit)
+        finally:
+            if not publisher.is_closed:
+                await publisher.close()
+    return report
+
+
+async def purge_parked(
+    settings: Settings, queue: str, flt: ParkedFilter, *, dry_run: bool = False
+) -> int:
+    """Remove matching parked messages (all when the filter is empty); returns how many."""
+    now = datetime.now(UTC)
+    count = 0
+    async with parking_session(settings, queue) as session:
+
+        async def visit(message: ParkedMessage) -> Verdict:
+            nonlocal count
+            if not flt.matches(message, now):
+                return Verdict.KEEP
+            count += 1
+            return Verdict.KEEP if dry_run else Verdict.TAKE
+
+        await browse(session.raw, queue, visit)
+    return count
