@@ -166,6 +166,22 @@ def list_cmd(
     if as_json:
         out.flush()
         return
+    if not stdout.is_terminal:  # piped: one tab-separated line per message, never wrapped
+        print("message_id\treason\terror_type\terror_message\tattempts\torigin\tage\tsize")
+        for m in rows:
+            text = (m.error_message or "").replace("\t", " ").replace("\n", " ")
+            fields = (
+                m.message_id or "-",
+                m.reason or "-",
+                m.error_type or "-",
+                text,
+                str(m.attempts),
+                m.origin_queue or "-",
+                _age(m.age_s(now)),
+                str(m.size),
+            )
+            print("\t".join(fields))
+        return
     table = Table(
         title=f"{name}: {len(rows)} of {stats.queue_count} message(s)", title_justify="left"
     )
