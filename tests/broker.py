@@ -168,7 +168,12 @@ def cli(
 
 
 async def _publish_with_ids(
-    vhost: str, exchange: str, routing_key: str, messages: list[tuple[str, bytes]]
+    vhost: str,
+    exchange: str,
+    routing_key: str,
+    messages: list[tuple[str, bytes]],
+    headers: Callable[[int], dict[str, Any]] | None = None,
+    routing: Callable[[int], str] | None = None,
 ) -> None:
     conn = await aio_pika.connect(with_vhost(BASE_URL, vhost))
     try:
@@ -178,13 +183,16 @@ async def _publish_with_ids(
         )
         window = 200  # pipelined confirms: fast, still every publish confirmed
         pending: list[Any] = []
-        for message_id, body in messages:
+        for index, (message_id, body) in enumerate(messages):
             pending.append(
                 target.publish(
                     aio_pika.Message(
-                        body, message_id=message_id, delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                        body,
+                        message_id=message_id,
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        headers=headers(index) if headers else None,
                     ),
-                    routing_key=routing_key,
+                    routing_key=routing(index) if routing else routing_key,
                     mandatory=True,
                 )
             )
@@ -197,10 +205,17 @@ async def _publish_with_ids(
 
 
 def publish_with_ids(
-    vhost: str, exchange: str, routing_key: str, messages: list[tuple[str, bytes]]
+    vhost: str,
+    exchange: str,
+    routing_key: str,
+    messages: list[tuple[str, bytes]],
+    headers: Callable[[int], dict[str, Any]] | None = None,
+    routing: Callable[[int], str] | None = None,
 ) -> None:
-    """Publish (message_id, body) pairs, confirmed and mandatory, in a pipelined window."""
-    run(_publish_with_ids(vhost, exchange, routing_key, messages))
+    """Publish (message_id, body) pairs, confirmed and mandatory, in a pipelined window.
+
+    ``headers(i)`` / ``routing(i)`` give the i-th message's headers and routing key."""
+    run(_publish_with_ids(vhost, exchange, routing_key, messages, headers, routing))
 
 
 async def _drain(vhost: str, queue: str) -> list[dict[str, Any]]:
@@ -228,3 +243,12 @@ def drain(vhost: str, queue: str) -> list[dict[str, Any]]:
     """Take every message out of ``queue`` (destructive; for the end of a test)."""
     result: list[dict[str, Any]] = run(_drain(vhost, queue))
     return result
+
+
+def cli_json_lines(*args: str, vhost: str | None = None) -> list[dict[str, Any]]:
+    """Run the CLI and parse its NDJSON stdout (asserting it succeeded)."""
+    import json
+
+    result = cli(*args, vhost=vhost, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]

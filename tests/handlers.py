@@ -45,6 +45,10 @@ async def handle(message: rmqkit.Message) -> None:
         os._exit(1)
     if order.get("sleep"):
         await asyncio.sleep(float(order["sleep"]))
+    if order.get("raise"):
+        raise {"KeyError": KeyError, "LookupError": LookupError, "TypeError": TypeError}[
+            order["raise"]
+        ](f"job {order['id']} failed")
     if order.get("permanent"):
         raise rmqkit.Permanent(f"job {order['id']} is invalid")
     if int(order.get("fail", 0)) >= message.attempt:

@@ -191,10 +191,13 @@ async def _one_pass(
     acks: list[int] = []
     try:
         while seen < size:
-            try:
-                delivered = await asyncio.wait_for(inbox.get(), timeout=idle_timeout_s)
-            except TimeoutError:
-                break
+            if inbox.empty():  # wait_for costs a task per call: only when we must wait
+                try:
+                    delivered = await asyncio.wait_for(inbox.get(), timeout=idle_timeout_s)
+                except TimeoutError:
+                    break
+            else:
+                delivered = inbox.get_nowait()
             tag = int(delivered.delivery.delivery_tag or 0)  # type: ignore[union-attr]
             last_tag = max(last_tag, tag)
             seen += 1
@@ -230,7 +233,30 @@ async def _one_pass(
                 await channel.basic_nack(last_tag, multiple=True, requeue=True)
         # Anything delivered after the cancel was never seen: closing returns it.
         await channel.close()
+    if kept_any:
+        await _await_returns(conn, queue, expected=stats.queue_count - stats.taken)
     return seen
+
+
+async def _await_returns(
+    conn: aiormq.abc.AbstractConnection, queue: str, *, expected: int, deadline_s: float = 5.0
+) -> None:
+    """Wait (bounded) until the broker has put the returned messages back as ready.
+
+    A quorum queue applies returns asynchronously; a command run right after this one (a
+    replay after a list) would otherwise see fewer messages and silently skip the rest.
+    """
+    loop = asyncio.get_running_loop()
+    until = loop.time() + deadline_s
+    channel = await conn.channel()
+    try:
+        while loop.time() < until:
+            declared = await channel.queue_declare(queue, passive=True)
+            if int(declared.message_count or 0) >= expected:
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        await channel.close()
 
 
 async def _ack_each(channel: aiormq.abc.AbstractChannel, tags: list[int]) -> None:

@@ -1,0 +1,288 @@
+"""`rmqkit parking …` on 10,000 messages parked by the real consumer."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmqkit.settings import with_vhost
+from tests import broker
+from tests.consumer_harness import ConsumerProcess, events, wait_until
+from tests.handlers import body
+
+ROOT = Path(__file__).resolve().parents[2]
+LANES = str(ROOT / "tests" / "topologies" / "lanes.toml")
+PARKING = "lanes.parking"
+N = 10_000
+
+
+class Parked:
+    """The module's parked population: id → what it is."""
+
+    def __init__(self, vhost: str) -> None:
+        self.vhost = vhost
+        self.kind: dict[str, str] = {}
+        self.lane: dict[str, str] = {}
+        self.tenant: dict[str, str] = {}
+        self.needle: set[str] = set()
+
+    def ids(self, **match: str) -> set[str]:
+        out = set(self.kind)
+        for attr, value in match.items():
+            table = getattr(self, attr)
+            out = {m for m in out if table[m] == value}
+        return out
+
+
+@pytest.fixture(scope="module")
+def parked(vhost: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Parked]:
+    assert broker.cli("declare", LANES, vhost=vhost).returncode == 0
+    population = Parked(vhost)
+    rng = random.Random(11)
+    kinds = ["permanent"] * 3000 + ["keyerror"] * 3000 + ["undecodable"] * 2000
+    kinds += ["exhausted"] * 2000
+    rng.shuffle(kinds)
+    messages: list[tuple[str, bytes]] = []
+    for index, kind in enumerate(kinds):
+        mid = uuid.uuid4().hex
+        population.kind[mid] = kind
+        population.lane[mid] = "a" if index % 2 == 0 else "b"
+        population.tenant[mid] = "t1" if index % 3 == 0 else "t2"
+        note = "needle" if index % 97 == 0 else "hay"
+        if note == "needle":
+            population.needle.add(mid)
+        if kind == "undecodable":
+            messages.append((mid, f"\x00 not json {note}".encode()))
+        elif kind == "keyerror":
+            messages.append((mid, body(id=mid, note=note, **{"raise": "KeyError"})))
+        elif kind == "permanent":
+            messages.append((mid, body(id=mid, note=note, permanent=True)))
+        else:
+            messages.append((mid, body(id=mid, note=note, fail=99)))
+    ids = list(population.kind)
+    broker.publish_with_ids(
+        vhost,
+        "lanes",
+        "",
+        messages,
+        headers=lambda i: {"tenant": population.tenant[ids[i]]},
+        routing=lambda i: population.lane[ids[i]],
+    )
+    ledger = tmp_path_factory.mktemp("parking") / "ledger.db"
+    workers = [
+        ConsumerProcess(vhost, ledger, "--permanent-error", "KeyError", queue=queue, topology=LANES)
+        for queue in ("lane.a", "lane.b")
+    ]
+    try:
+        assert wait_until(lambda: broker.depths(vhost, [PARKING])[PARKING] == N, timeout_s=90), (
+            workers[0].output()
+        )
+        for worker in workers:
+            assert worker.stop() == 0
+    finally:
+        for worker in workers:
+            worker.kill()
+    yield population
+
+
+def _list(vhost: str, *args: str) -> list[dict[str, Any]]:
+    result = broker.cli("parking", "list", PARKING, "--json", *args, vhost=vhost, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def _ids(vhost: str, *args: str) -> set[str]:
+    return {m["message_id"] for m in _list(vhost, *args)}
+
+
+def test_every_filter_returns_exactly_the_expected_set(parked: Parked) -> None:
+    v = parked.vhost
+    everything = _list(v)
+    assert len(everything) == N and {m["message_id"] for m in everything} == set(parked.kind)
+    by_id = {m["message_id"]: m for m in everything}
+    expected_reason = {
+        "permanent": "permanent",
+        "keyerror": "permanent",
+        "undecodable": "undecodable",
+        "exhausted": "exhausted",
+    }
+    for mid, kind in parked.kind.items():
+        record = by_id[mid]
+        assert record["reason"] == expected_reason[kind]
+        assert record["origin_queue"] == f"lane.{parked.lane[mid]}"
+        assert record["attempts"] == (3 if kind == "exhausted" else 1)
+        assert record["first_failed_at"] and record["last_failed_at"] and record["size"] > 0
+    assert _ids(v, "--reason", "exhausted") == parked.ids(kind="exhausted")
+    assert _ids(v, "--reason", "undecodable", "--reason", "exhausted") == (
+        parked.ids(kind="undecodable") | parked.ids(kind="exhausted")
+    )
+    assert _ids(v, "--error-type", "KeyError") == parked.ids(kind="keyerror")
+    assert _ids(v, "--error-type", "*DecodeError") == parked.ids(kind="undecodable")
+    assert _ids(v, "--origin", "lane.b") == parked.ids(lane="b")
+    assert _ids(v, "--header", "tenant=t1") == parked.ids(tenant="t1")
+    assert _ids(v, "--grep", "needle") == parked.needle
+    some = sorted(parked.kind)[:3]
+    assert _ids(v, "--id", some[0], "--id", some[1], "--id", some[2]) == set(some)
+    assert _ids(v, "--newer-than", "1h") == set(parked.kind)
+    assert _ids(v, "--older-than", "1h") == set()
+    assert len(_list(v, "--reason", "permanent", "--limit", "25")) == 25
+    combined = _ids(v, "--reason", "permanent", "--origin", "lane.a", "--header", "tenant=t2")
+    assert combined == (
+        parked.ids(lane="a", tenant="t2")
+        - parked.ids(kind="undecodable")
+        - parked.ids(kind="exhausted")
+    )
+
+
+def test_inspection_leaves_every_message_in_place(parked: Parked) -> None:
+    v = parked.vhost
+    some = next(iter(parked.ids(kind="keyerror")))
+    shown = broker.cli("parking", "show", PARKING, some, "--redact", "note", vhost=v)
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["message_id"] == some and document["error_type"] == "KeyError"
+    assert document["body"]["note"] == "***" and document["body"]["id"] == some
+    assert document["properties"]["delivery_mode"] == 2
+    stats = broker.cli("parking", "stats", PARKING, "--json", vhost=v)
+    assert stats.returncode == 0
+    counts = json.loads(stats.stdout)
+    assert counts["by_reason"] == {"permanent": 6000, "undecodable": 2000, "exhausted": 2000}
+    assert counts["by_origin"] == {"lane.a": 5000, "lane.b": 5000}
+    check = broker.cli("parking", "stats", PARKING, "--max-count", "100", vhost=v)
+    assert check.returncode == 2 and "PARKING CRITICAL" in check.stdout
+    assert broker.cli("parking", "stats", PARKING, "--max-count", "12000", vhost=v).returncode == 1
+    assert broker.cli("parking", "stats", PARKING, "--max-count", "20000", vhost=v).returncode == 0
+    # Same ids, same count, nothing unacked.
+    assert broker.depths(v, [PARKING])[PARKING] == N
+    assert _ids(v) == set(parked.kind)
+
+
+def test_replay_of_a_filtered_set_gives_fresh_attempts(parked: Parked, tmp_path: Path) -> None:
+    v = parked.vhost
+    chosen = parked.ids(kind="keyerror")
+    dry = broker.cli(
+        "parking", "replay", PARKING, "--error-type", "KeyError", "--dry-run", vhost=v, timeout=120
+    )
+    assert dry.returncode == 0 and dry.stdout.count("would replay") == 3000
+    assert broker.depths(v, [PARKING])[PARKING] == N
+    result = broker.cli(
+        "parking", "replay", PARKING, "--error-type", "KeyError", "--json", vhost=v, timeout=180
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["selected"] == 3000 and report["replayed"] == 3000
+    assert broker.depths(v, [PARKING])[PARKING] == N - 3000
+    assert _ids(v) == set(parked.kind) - chosen
+    lanes = {q: broker.depths(v, [q])[q] for q in ("lane.a", "lane.b")}
+    assert lanes["lane.a"] + lanes["lane.b"] == 3000
+    # The consumer sees each replayed message once more, starting again at attempt 1
+    # (KeyError is still permanent, so each one parks again after a single attempt).
+    ledger = tmp_path / "ledger.db"
+    workers = [
+        ConsumerProcess(v, ledger, "--permanent-error", "KeyError", queue=q, topology=LANES)
+        for q in ("lane.a", "lane.b")
+    ]
+    try:
+        assert wait_until(lambda: broker.depths(v, [PARKING])[PARKING] == N, timeout_s=60)
+        for worker in workers:
+            assert worker.stop() == 0
+    finally:
+        for worker in workers:
+            worker.kill()
+    seen = Counter(m for m, attempt, kind, _ in events(ledger) if kind == "attempt")
+    assert set(seen) == chosen and all(n == 1 for n in seen.values())
+    assert {a for m, a, kind, _ in events(ledger) if kind == "attempt"} == {1}
+    replayed = _list(v, "--error-type", "KeyError")
+    assert all(m["headers"]["rmqkit-replay-count"] == 1 for m in replayed)
+
+
+def _declare_plain_quorum(vhost: str, name: str) -> None:
+    body_ = {"durable": True, "auto_delete": False, "arguments": {"x-queue-type": "quorum"}}
+    broker.api("PUT", f"/queues/{broker.q(vhost)}/{broker.q(name)}", json=body_)
+
+
+def test_kill_9_of_replay_never_loses_a_message(parked: Parked) -> None:
+    v = parked.vhost
+    target = "replay.target"
+    _declare_plain_quorum(v, target)
+    chosen = parked.ids(kind="exhausted")
+    env = {k: val for k, val in os.environ.items() if not k.startswith("RMQKIT_")}
+    env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, v)
+    cmd = [
+        sys.executable,
+        "-m",
+        "rmqkit",
+        "parking",
+        "replay",
+        PARKING,
+        "--reason",
+        "exhausted",
+        "--routing-key",
+        target,
+        "--rate",
+        "1500",
+    ]
+    rng = random.Random(5)
+    duplicates_seen = 0
+    for _ in range(5):
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        time.sleep(rng.uniform(0.8, 1.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        in_parking = _ids(v, "--reason", "exhausted")
+        in_target = {
+            m["message_id"]
+            for m in broker.cli_json_lines("parking", "list", target, "--json", vhost=v)
+        }
+        assert chosen <= in_parking | in_target, "a message is in neither queue"
+        duplicates_seen = max(duplicates_seen, len(in_parking & in_target))
+    finished = broker.cli(*cmd[3:], vhost=v, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    in_target = [
+        m["message_id"] for m in broker.cli_json_lines("parking", "list", target, "--json", vhost=v)
+    ]
+    assert set(in_target) == chosen and not (_ids(v, "--reason", "exhausted"))
+    # Duplicates only within the unconfirmed window at a kill, identifiable by message_id.
+    assert len(in_target) - len(set(in_target)) <= 5 * 1000
+    assert duplicates_seen <= 1000
+
+
+def test_a_parking_queue_with_a_delivery_limit_is_refused(parked: Parked) -> None:
+    v = parked.vhost
+    name = "limited.parking"
+    body_ = {"durable": True, "arguments": {"x-queue-type": "quorum", "x-delivery-limit": 5}}
+    broker.api("PUT", f"/queues/{broker.q(v)}/{name}", json=body_).raise_for_status()
+    broker.publish(v, "", name, [b"x"])
+    for command in ("list", "stats", "replay", "purge"):
+        args = ["parking", command, name] + (["--yes"] if command == "purge" else [])
+        result = broker.cli(*args, vhost=v)
+        assert result.returncode == 65, (command, result.stderr)
+        line = result.stderr.strip()
+        assert "delivery limit of 5" in line and "fix:" in line and "\n" not in line
+    assert broker.depths(v, [name])[name] == 1
+
+
+def test_purge_filtered_with_dry_run_and_yes(parked: Parked) -> None:
+    v = parked.vhost
+    needles = parked.needle & set(_ids(v))
+    dry = broker.cli("parking", "purge", PARKING, "--grep", "needle", "--dry-run", vhost=v)
+    assert dry.returncode == 0 and f"would purge {len(needles)}" in dry.stdout
+    refused = broker.cli("parking", "purge", PARKING, "--grep", "needle", vhost=v)
+    assert refused.returncode == 2  # not a terminal and no --yes
+    done = broker.cli("parking", "purge", PARKING, "--grep", "needle", "--yes", vhost=v)
+    assert done.returncode == 0 and f"purged {len(needles)}" in done.stdout
+    assert not (_ids(v) & parked.needle)
