@@ -1,0 +1,1 @@
+"""Parking lane operations: inspect, replay, purge, export and import parked messages."""
