@@ -12,11 +12,14 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rmqkit.parking.model import ParkedFilter, ParkedMessage
+from rmqkit.parking.ops import list_parked
 from rmqkit.settings import with_vhost
 from tests import broker
 from tests.consumer_harness import ConsumerProcess, events, wait_until
@@ -124,26 +127,57 @@ def test_every_filter_returns_exactly_the_expected_set(parked: Parked) -> None:
         assert record["origin_queue"] == f"lane.{parked.lane[mid]}"
         assert record["attempts"] == (3 if kind == "exhausted" else 1)
         assert record["first_failed_at"] and record["last_failed_at"] and record["size"] > 0
+
+    # Every filter, evaluated on the real parked messages of one browse (each CLI call is a
+    # full browse of 10,000 messages; the CLI wiring is checked below with a few of them).
+    messages: list[ParkedMessage] = []
+    broker.run(list_parked(broker.settings_for(v), PARKING, ParkedFilter(), messages.append))
+    assert len(messages) == N
+    now = datetime.now(UTC)
+
+    def select(**kwargs: Any) -> set[str]:
+        flt = ParkedFilter(**kwargs)
+        return {m.message_id for m in messages if m.message_id and flt.matches(m, now)}
+
+    some = frozenset(sorted(parked.kind)[:3])
+    cases: list[tuple[dict[str, Any], set[str]]] = [
+        ({"reasons": frozenset({"exhausted"})}, parked.ids(kind="exhausted")),
+        (
+            {"reasons": frozenset({"undecodable", "exhausted"})},
+            parked.ids(kind="undecodable") | parked.ids(kind="exhausted"),
+        ),
+        ({"error_type": "KeyError"}, parked.ids(kind="keyerror")),
+        ({"error_type": "*DecodeError"}, parked.ids(kind="undecodable")),
+        ({"origin": "lane.b"}, parked.ids(lane="b")),
+        ({"headers": (("tenant", "t1"),)}, parked.ids(tenant="t1")),
+        ({"grep": b"needle"}, parked.needle),
+        ({"ids": some}, set(some)),
+        ({"newer_than_s": 3600.0}, set(parked.kind)),
+        ({"older_than_s": 3600.0}, set()),
+        (
+            {
+                "reasons": frozenset({"permanent"}),
+                "origin": "lane.a",
+                "headers": (("tenant", "t2"),),
+            },
+            parked.ids(lane="a", tenant="t2")
+            - parked.ids(kind="undecodable")
+            - parked.ids(kind="exhausted"),
+        ),
+    ]
+    for kwargs, expected in cases:
+        assert select(**kwargs) == expected, kwargs
+
     assert _ids(v, "--reason", "exhausted") == parked.ids(kind="exhausted")
-    assert _ids(v, "--reason", "undecodable", "--reason", "exhausted") == (
-        parked.ids(kind="undecodable") | parked.ids(kind="exhausted")
-    )
-    assert _ids(v, "--error-type", "KeyError") == parked.ids(kind="keyerror")
-    assert _ids(v, "--error-type", "*DecodeError") == parked.ids(kind="undecodable")
-    assert _ids(v, "--origin", "lane.b") == parked.ids(lane="b")
-    assert _ids(v, "--header", "tenant=t1") == parked.ids(tenant="t1")
-    assert _ids(v, "--grep", "needle") == parked.needle
-    some = sorted(parked.kind)[:3]
-    assert _ids(v, "--id", some[0], "--id", some[1], "--id", some[2]) == set(some)
-    assert _ids(v, "--newer-than", "1h") == set(parked.kind)
-    assert _ids(v, "--older-than", "1h") == set()
+    # Permanent's type is rmqkit.consumer.message.Permanent; the others end in "Error".
+    wanted = {
+        m for m in parked.needle if parked.tenant[m] == "t1" and parked.kind[m] != "permanent"
+    }
+    assert _ids(v, "--error-type", "*Error", "--header", "tenant=t1", "--grep", "needle") == wanted
+    id_args = [arg for mid in sorted(some) for arg in ("--id", mid)]
+    assert _ids(v, *id_args) == set(some)
+    assert _ids(v, "--origin", "lane.b", "--older-than", "1h") == set()
     assert len(_list(v, "--reason", "permanent", "--limit", "25")) == 25
-    combined = _ids(v, "--reason", "permanent", "--origin", "lane.a", "--header", "tenant=t2")
-    assert combined == (
-        parked.ids(lane="a", tenant="t2")
-        - parked.ids(kind="undecodable")
-        - parked.ids(kind="exhausted")
-    )
 
 
 def test_inspection_leaves_every_message_in_place(parked: Parked) -> None:
