@@ -177,9 +177,12 @@ async def _one_pass(
     last_tag = 0
     kept_any = False
     pending: set[asyncio.Future[bool]] = set()
+    owners: dict[asyncio.Future[bool], int] = {}
 
     def on_settled(tag: int, future: asyncio.Future[bool]) -> None:
         nonlocal kept_any
+        if future not in pending:
+            return  # already counted (the final sweep below ran before this callback)
         pending.discard(future)
         if not future.cancelled() and future.exception() is None and future.result():
             stats.taken += 1
@@ -206,6 +209,7 @@ async def _one_pass(
             verdict = await visit(message)
             if isinstance(verdict, asyncio.Future):
                 pending.add(verdict)
+                owners[verdict] = tag
                 verdict.add_done_callback(functools.partial(on_settled, tag))
             elif verdict is Verdict.TAKE:
                 stats.taken += 1
@@ -225,7 +229,10 @@ async def _one_pass(
         if settle is not None:
             await settle()
         if pending:
-            await asyncio.wait(set(pending))
+            futures = {f: t for f, t in owners.items() if f in pending}
+            await asyncio.wait(set(futures))
+            for future, tag in futures.items():  # done callbacks may not have run yet
+                on_settled(tag, future)
         if not channel.is_closed:
             await _ack_each(channel, acks)
             if kept_any and last_tag:

@@ -18,6 +18,7 @@ from rmqkit import headers as h
 from rmqkit.broker.amqp import connect, server_version
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.parking.browse import BrowseStats, Verdict, browse, check_browsable
+from rmqkit.parking.codec import TypedProperties, typed_decoding
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.settings import Settings
 
@@ -37,8 +38,14 @@ class ParkingSession:
 
 @asynccontextmanager
 async def parking_session(settings: Settings, queue: str) -> AsyncIterator[ParkingSession]:
-    """Connect, check ``queue`` is browsable (exit 65 if not), and always close."""
-    conn = await connect(settings, name=f"rmqkit parking {queue}")
+    """Connect, check ``queue`` is browsable (exit 65 if not), and always close.
+
+    The connection decodes headers with their exact AMQP types (rmqkit.parking.codec): an
+    export must keep them, a replay should, and pamqp's own decoder fails the whole connection
+    on some values RabbitMQ accepts (a timestamp past year 9999, a non-UTF-8 header key).
+    """
+    with typed_decoding():
+        conn = await connect(settings, name=f"rmqkit parking {queue}")
     try:
         async with management(settings) as api:
             info = await check_browsable(api, queue, server_version(conn))
@@ -223,7 +230,7 @@ async def replay_parked(
 
         async def send(message: ParkedMessage, exchange: str, key: str) -> bool:
             props = message.properties
-            copy = spec.Basic.Properties(
+            copy = TypedProperties(
                 content_type=props.content_type,
                 content_encoding=props.content_encoding,
                 headers=replay_headers(message.headers, now),
