@@ -26,6 +26,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp import commands as spec
 
 from rmqkit.broker.amqp import connect
+from rmqkit.broker.codec import Timestamp, TypedProperties, typed_decoding
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.config import ConsumerConfig
@@ -68,6 +69,12 @@ class Backoff:
         self.failures = 0
 
 
+def _as_datetime(value: object) -> datetime | None:
+    if isinstance(value, Timestamp):
+        return value.to_datetime()
+    return value if isinstance(value, datetime) else None
+
+
 def _closing_reason(channel: AbstractChannel) -> str:
     closing = channel.closing
     if closing.done() and not closing.cancelled() and closing.exception() is not None:
@@ -91,6 +98,7 @@ class Consumer:
         # After a crash: prefetch 1 until CAUTIOUS_SETTLED messages have been settled, so a
         # message that kills the process spends only its own delivery attempts.
         self._cautious = cautious
+        self._cautious_until = CAUTIOUS_SETTLED
         self.config = config
         self.handler = handler
         self.metrics = metrics
@@ -127,6 +135,10 @@ class Consumer:
         self._stopping = True
         self._stop.set()
 
+    def _enter_cautious(self) -> None:
+        self._cautious = True
+        self._cautious_until = self.processed + CAUTIOUS_SETTLED
+
     def close(self) -> None:
         """Release the handler threads without waiting for ones still running."""
         if self.executor is not None:
@@ -141,9 +153,13 @@ class Consumer:
         while not self._stopping:
             order = urls[start:] + urls[:start]
             try:
-                conn = await connect(
-                    self.settings, urls=order, name=f"rmqkit consume {self.config.queue}"
-                )
+                # Exact decoding (rmqkit.broker.codec): pamqp's own decoder fails the whole
+                # connection on header values RabbitMQ accepts (a timestamp past year 9999, a
+                # non-UTF-8 key), which would turn one such message into a reconnect loop.
+                with typed_decoding():
+                    conn = await connect(
+                        self.settings, urls=order, name=f"rmqkit consume {self.config.queue}"
+                    )
             except (AccessRefused, ConfigError):
                 raise
             except RmqkitError as exc:
@@ -168,6 +184,9 @@ class Consumer:
                 OSError,
             ) as exc:
                 delay = backoff.next_delay()
+                # What broke the connection may be a message (a frame the client cannot read):
+                # come back cautious, so it spends only its own delivery attempts.
+                self._enter_cautious()
                 log.warning(
                     "connection lost (%s: %s); reconnecting in %.1fs",
                     type(exc).__name__,
@@ -274,7 +293,7 @@ class Consumer:
             if not tracker.alive:
                 return
             await self._flush(channel, tracker)
-            if self._cautious and self.processed >= CAUTIOUS_SETTLED:
+            if self._cautious and self.processed >= self._cautious_until:
                 self._cautious = False
                 await channel.basic_qos(prefetch_count=self.config.prefetch)
                 log.info("left cautious mode: prefetch %d", self.config.prefetch)
@@ -340,7 +359,7 @@ class Consumer:
                 attempt=attempt,
                 content_type=props.content_type,
                 correlation_id=props.correlation_id,
-                timestamp=props.timestamp,
+                timestamp=_as_datetime(props.timestamp),
                 delivery_tag=tag,
             )
             started = perf_counter()
@@ -387,7 +406,7 @@ class Consumer:
     ) -> None:
         props = delivered.header.properties
         channel = delivered.channel
-        copy = spec.Basic.Properties(
+        copy = TypedProperties(
             content_type=props.content_type,
             content_encoding=props.content_encoding,
             headers=decision.headers,

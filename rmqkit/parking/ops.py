@@ -16,9 +16,9 @@ from pamqp import commands as spec
 
 from rmqkit import headers as h
 from rmqkit.broker.amqp import connect, server_version
+from rmqkit.broker.codec import TypedProperties, typed_decoding
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.parking.browse import BrowseStats, Verdict, browse, check_browsable
-from rmqkit.parking.codec import TypedProperties, typed_decoding
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.settings import Settings
 
@@ -40,7 +40,7 @@ class ParkingSession:
 async def parking_session(settings: Settings, queue: str) -> AsyncIterator[ParkingSession]:
     """Connect, check ``queue`` is browsable (exit 65 if not), and always close.
 
-    The connection decodes headers with their exact AMQP types (rmqkit.parking.codec): an
+    The connection decodes headers with their exact AMQP types (rmqkit.broker.codec): an
     export must keep them, a replay should, and pamqp's own decoder fails the whole connection
     on some values RabbitMQ accepts (a timestamp past year 9999, a non-UTF-8 header key).
     """

@@ -1,4 +1,4 @@
-"""Export parked messages to NDJSON and import them back, exactly (rmqkit.parking.codec)."""
+"""Export parked messages to NDJSON and import them back, exactly (rmqkit.broker.codec)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import aiormq
 from pamqp import commands as spec
 
 from rmqkit.broker.amqp import connect
+from rmqkit.broker.codec import dumps_record, loads_record, message_to_record, record_to_message
 from rmqkit.errors import DataError
 from rmqkit.parking.browse import Verdict, browse
-from rmqkit.parking.codec import dumps_record, loads_record, message_to_record, record_to_message
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.parking.ops import PUBLISH_WINDOW, Progress, parking_session
 from rmqkit.settings import Settings

@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from pamqp import commands as spec
 from pamqp.common import FieldValue
 
-from rmqkit.parking import codec
-from rmqkit.parking.codec import (
+from rmqkit.broker import codec
+from rmqkit.broker.codec import (
     AmqpDecimal,
     Float32,
     Float64,

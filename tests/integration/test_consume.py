@@ -261,3 +261,39 @@ def test_fails_over_to_the_next_url(
     consumers.append(consumer)
     assert wait_until(lambda: effects(ledger)[mid] == 1, timeout_s=20), consumer.output()
     assert consumer.stop() == 0
+
+
+def test_headers_the_client_library_cannot_decode_do_not_loop(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """pamqp alone fails the whole connection on these header values (which RabbitMQ accepts):
+    one such message would become a reconnect loop that spends its neighbours' attempts."""
+    import asyncio
+
+    import aiormq
+
+    from rmqkit.broker.codec import Timestamp, TypedProperties
+    from rmqkit.settings import with_vhost
+
+    async def publish() -> None:
+        conn = await aiormq.connect(with_vhost(broker.BASE_URL, jobs_vhost))
+        channel = await conn.channel()
+        odd = {"far-future": Timestamp(2**64 - 1), "key-\udcff": "x"}
+        await channel.basic_publish(
+            body(id="odd"),
+            routing_key=WORK,
+            properties=TypedProperties(message_id="odd", headers=odd),
+        )
+        await channel.basic_publish(
+            body(id="next"), routing_key=WORK, properties=TypedProperties(message_id="next")
+        )
+        await conn.close()
+
+    asyncio.run(publish())
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger)
+    consumers.append(consumer)
+    assert wait_until(lambda: effects(ledger) == Counter({"odd": 1, "next": 1}), timeout_s=20)
+    assert consumer.stop() == 0
+    assert "connection lost" not in consumer.output()
+    assert broker.depths(jobs_vhost, [PARKING])[PARKING] == 0

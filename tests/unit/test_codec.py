@@ -26,9 +26,8 @@ from pamqp import commands as spec
 from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ContentHeader
 
-from rmqkit.errors import DataError, RmqkitError
-from rmqkit.parking import codec
-from rmqkit.parking.codec import (
+from rmqkit.broker import codec
+from rmqkit.broker.codec import (
     AmqpDecimal,
     Float32,
     Float64,
@@ -43,6 +42,7 @@ from rmqkit.parking.codec import (
     UInt16,
     UInt32,
 )
+from rmqkit.errors import DataError, RmqkitError
 
 INT_TYPES = (Int8, UInt8, Int16, UInt16, Int32, UInt32, Int64, Int64L, Timestamp)
 

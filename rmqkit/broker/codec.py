@@ -941,7 +941,7 @@ def _to_json(value: object, path: str, ctx: _Export, depth: int) -> dict[str, An
         if ctx.strict:
             raise DataError(
                 f"{path}: plain {type(value).__name__} {value!r} has lost its AMQP type "
-                "(pamqp decoded it); read messages through rmqkit.parking.codec.typed_decoding() "
+                "(pamqp decoded it); read messages through rmqkit.broker.codec.typed_decoding() "
                 "to export them exactly"
             )
         ctx.inferred = True
@@ -1138,7 +1138,7 @@ def _properties_to_json(properties: spec.Basic.Properties, ctx: _Export) -> dict
                     path,
                     f"plain {type(value).__name__} {value!r}: pamqp guessed seconds vs "
                     "milliseconds when it decoded it; read messages through "
-                    "rmqkit.parking.codec.typed_decoding() to export them exactly",
+                    "rmqkit.broker.codec.typed_decoding() to export them exactly",
                 )
             else:
                 ctx.inferred = True
