@@ -13,6 +13,7 @@ from rmqkit._version import __version__
 from rmqkit.cli import config as config_cmd
 from rmqkit.cli import consume as consume_cmd
 from rmqkit.cli import parking as parking_cmd
+from rmqkit.cli import publish as publish_cmd
 from rmqkit.cli import topology as topology_cmd
 from rmqkit.errors import ExitCode, RmqkitError
 
@@ -75,6 +76,7 @@ app.command("plan")(topology_cmd.plan)
 app.command("export")(topology_cmd.export)
 app.command("consume")(consume_cmd.consume)
 app.add_typer(parking_cmd.app, name="parking")
+app.command("publish")(publish_cmd.publish)
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -1,0 +1,140 @@
+"""`rmqkit publish`: confirmed, mandatory, persistent, stable ids; unroutable and busy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rmqkit.settings import with_vhost
+from tests import broker
+
+ROOT = Path(__file__).resolve().parents[2]
+BOUNDED = (
+    '[exchanges.jobs]\ntype = "direct"\n[queues."jobs.work"]\n'
+    'bind = [{ exchange = "jobs", routing_key = "job" }]\nmax_length = 10\n'
+)
+
+
+def _publish(vhost: str, stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
+    return subprocess.run(
+        [sys.executable, "-m", "rmqkit", "publish", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+
+
+def _declare(vhost: str, tmp_path: Path, text: str) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    assert broker.cli("declare", str(path), vhost=vhost).returncode == 0
+
+
+def test_lines_from_stdin_are_confirmed_with_stable_ids(
+    fresh_vhost: Callable[[], str], tmp_path: Path
+) -> None:
+    vhost = fresh_vhost()
+    _declare(vhost, tmp_path, BOUNDED.replace("max_length = 10", "max_length = 100000"))
+    result = _publish(vhost, "".join(f"body {i}\n" for i in range(500)), "jobs", "job", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "published": 500,
+        "confirmed": 500,
+        "returned": 0,
+        "nacked": 0,
+        "retried": 0,
+    }
+    messages = broker.drain(vhost, "jobs.work")
+    assert sorted(m["body"] for m in messages) == sorted(f"body {i}".encode() for i in range(500))
+    assert len({m["message_id"] for m in messages}) == 500
+
+
+def test_ndjson_carries_headers_properties_and_ids(
+    fresh_vhost: Callable[[], str], tmp_path: Path
+) -> None:
+    vhost = fresh_vhost()
+    _declare(vhost, tmp_path, BOUNDED)
+    lines = [
+        {
+            "body": "plain",
+            "message_id": "m-1",
+            "headers": {"tenant": "t1"},
+            "properties": {"content_type": "text/plain", "correlation_id": "c-1"},
+        },
+        {"body": {"order": 7}, "message_id": "m-2"},
+        {"body_b64": "AP8=", "message_id": "m-3"},
+    ]
+    stdin = "".join(json.dumps(line) + "\n" for line in lines)
+    result = _publish(vhost, stdin, "jobs", "job", "--ndjson", "--header", "source=test")
+    assert result.returncode == 0, result.stderr
+    got = {m["message_id"]: m for m in broker.drain(vhost, "jobs.work")}
+    assert got["m-1"]["body"] == b"plain"
+    assert got["m-1"]["headers"] == {"tenant": "t1", "source": "test", "x-delivery-count": 0}
+    assert got["m-2"]["body"] == b'{"order": 7}' and got["m-3"]["body"] == b"\x00\xff"
+    bad = _publish(vhost, '{"body": "x"}\n{"nope": 1}\n', "jobs", "job", "--ndjson")
+    assert bad.returncode == 65 and "<stdin>:2" in bad.stderr
+    assert broker.depths(vhost, ["jobs.work"])["jobs.work"] == 0  # nothing from a bad file
+
+
+def test_unroutable_messages_exit_65_with_the_count(
+    fresh_vhost: Callable[[], str], tmp_path: Path
+) -> None:
+    vhost = fresh_vhost()
+    _declare(vhost, tmp_path, BOUNDED)
+    result = _publish(vhost, "a\nb\nc\n", "jobs", "no.such.key")
+    assert result.returncode == 65
+    assert "returned 3" in result.stderr and "3 message(s) were unroutable" in result.stderr
+
+
+def test_a_full_bounded_queue_is_reported_busy_and_loses_no_confirmed_message(
+    fresh_vhost: Callable[[], str], tmp_path: Path
+) -> None:
+    vhost = fresh_vhost()
+    _declare(vhost, tmp_path, BOUNDED)
+    result = _publish(vhost, "".join(f"{i}\n" for i in range(25)), "jobs", "job", "--json")
+    assert result.returncode == 69, result.stderr
+    report = json.loads(result.stdout)
+    assert report["confirmed"] == 10 and report["nacked"] == 15
+    assert "broker busy" in result.stderr and "--retry-busy" in result.stderr
+    queued = broker.drain(vhost, "jobs.work")
+    assert len(queued) == 10  # exactly the confirmed ones
+
+    # With --retry-busy and a consumer draining the queue, everything gets through.
+    stop = threading.Event()
+
+    def drain_slowly() -> None:
+        while not stop.is_set():
+            broker.drain(vhost, "jobs.work")
+            time.sleep(0.2)
+
+    drainer = threading.Thread(target=drain_slowly)
+    drainer.start()
+    try:
+        result = _publish(
+            vhost, "".join(f"{i}\n" for i in range(40)), "jobs", "job", "--retry-busy", "--json"
+        )
+    finally:
+        stop.set()
+        drainer.join()
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["confirmed"] == 40 and report["retried"] > 0
+
+
+def test_unknown_exchange_and_usage(fresh_vhost: Callable[[], str]) -> None:
+    vhost = fresh_vhost()
+    missing = _publish(vhost, "x\n", "ghost", "k")
+    assert missing.returncode == 65 and "ghost" in missing.stderr
+    assert broker.cli("publish", "ghost", "k", "--message-id", "a", vhost=vhost).returncode == 2
