@@ -126,6 +126,11 @@ class ManagementClient:
         result = await self.request("GET", f"/operator-policies/{_q(self.vhost)}", ok_404=True)
         return list(result or [])
 
+    async def vhost_info(self) -> dict[str, Any]:
+        """``/api/vhosts/{vhost}``: the vhost's own ``message_stats`` (unroutable counts)."""
+        result: dict[str, Any] = await self.request("GET", f"/vhosts/{_q(self.vhost)}")
+        return result
+
     async def connections(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = await self.request(
             "GET", f"/vhosts/{_q(self.vhost)}/connections"

@@ -12,8 +12,10 @@ import typer
 from rmqkit._version import __version__
 from rmqkit.cli import config as config_cmd
 from rmqkit.cli import consume as consume_cmd
+from rmqkit.cli import doctor as doctor_cmd
 from rmqkit.cli import parking as parking_cmd
 from rmqkit.cli import publish as publish_cmd
+from rmqkit.cli import status as status_cmd
 from rmqkit.cli import topology as topology_cmd
 from rmqkit.errors import ExitCode, RmqkitError
 
@@ -77,6 +79,8 @@ app.command("export")(topology_cmd.export)
 app.command("consume")(consume_cmd.consume)
 app.add_typer(parking_cmd.app, name="parking")
 app.command("publish")(publish_cmd.publish)
+app.command("status")(status_cmd.status)
+app.command("doctor")(doctor_cmd.doctor)
 
 
 def run(argv: list[str] | None = None) -> None:

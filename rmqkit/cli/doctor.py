@@ -1,0 +1,131 @@
+"""`rmqkit doctor`: the reliability checklist against a live vhost (docs/doctor.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.render import print_json, stdout
+from rmqkit.cli.topology import VIA_OPT, ViaChoice
+from rmqkit.durations import parse_duration_ms
+from rmqkit.errors import UsageError
+from rmqkit.health.doctor import DoctorReport, run_doctor
+from rmqkit.topology import load_topology
+
+_STYLE = {"critical": "bold red", "warning": "yellow", "ok": "green", "skipped": "dim"}
+
+
+def _duration_s(text: str | None, flag: str, *, zero_ok: bool = False) -> float | None:
+    if text is None:
+        return None
+    if zero_ok and text.strip() in ("0", "0s", "0ms"):
+        return 0.0
+    try:
+        return parse_duration_ms(text) / 1000
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def doctor(
+    ctx: typer.Context,
+    topology: Path | None = typer.Option(
+        None,
+        "--topology",
+        "-t",
+        help="Topology file: also report where the broker is out of sync with it (as `plan`), "
+        "and take queue roles and handler timeouts from it.",
+    ),
+    via: ViaChoice = VIA_OPT,
+    handler_timeout: str | None = typer.Option(
+        None,
+        "--handler-timeout",
+        help="The consumers' handler timeout, checked against each work queue's consumer "
+        "timeout (default: the topology's handler_timeout, else the consumer default 30s).",
+    ),
+    growth_sample: str = typer.Option(
+        "1s",
+        "--growth-sample",
+        help="Read idle queues' ready counts twice this far apart to see them grow "
+        "(0: judge from management rates only).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check the vhost against the reliability checklist: dead-letter wiring, parking queues,
+    unroutable and transient messages, unbounded or unconsumed queues, timeouts.
+
+    Each finding names its check, severity, object, evidence and fix (docs/doctor.md).
+    Exit codes follow the Nagios plugin convention: 0 ok · 1 warning · 2 critical.
+    Failing to reach the broker keeps rmqkit's codes (69 unreachable, 77 access refused).
+    Statistics the broker does not keep are tolerated: those checks are skipped.
+    """
+    settings = settings_from(ctx)
+    spec = load_topology(topology) if topology is not None else None
+    report = run_async(
+        run_doctor(
+            settings,
+            topology=spec,
+            via="policy" if via == ViaChoice.policy else "arguments",
+            handler_timeout_s=_duration_s(handler_timeout, "--handler-timeout"),
+            sample_interval_s=_duration_s(growth_sample, "--growth-sample", zero_ok=True) or 0.0,
+        )
+    )
+    if as_json:
+        print_json(report.as_dict())
+    elif stdout.is_terminal:
+        _print_table(report)
+    else:
+        _print_lines(report)
+    raise typer.Exit(report.exit_code)
+
+
+def _summary(report: DoctorReport) -> str:
+    counts = report.counts()
+    version = ".".join(map(str, report.broker_version))
+    label = {"ok": "OK", "warning": "WARNING", "critical": "CRITICAL"}[report.status]
+    detail = (
+        f"{counts['critical']} critical, {counts['warning']} warning(s)"
+        if report.findings
+        else "no problems found"
+    )
+    return f"DOCTOR {label}: {detail} — vhost {report.vhost!r}, RabbitMQ {version}"
+
+
+def _skipped(report: DoctorReport) -> list[str]:
+    return [f"{c.id}: {c.note}" for c in report.checks if c.status == "skipped"]
+
+
+def _print_lines(report: DoctorReport) -> None:
+    """Piped: one greppable line per finding, never wrapped, then the summary line."""
+    for f in report.findings:
+        print(f"{f.severity.upper()}\t{f.check}\t{f.kind} {f.object}\t{f.evidence}\tfix: {f.fix}")
+    for line in _skipped(report):
+        print(f"SKIPPED\t{line}")
+    print(_summary(report))
+
+
+def _print_table(report: DoctorReport) -> None:
+    if report.findings:
+        table = Table(title=f"vhost {report.vhost!r}", title_justify="left")
+        table.add_column("severity")
+        table.add_column("check")
+        table.add_column("object", overflow="fold")
+        table.add_column("evidence / fix", overflow="fold")
+        for f in report.findings:
+            style = _STYLE[f.severity]
+            table.add_row(
+                f"[{style}]{f.severity}[/{style}]",
+                f.check,
+                f"{f.kind} {f.object}",
+                f"{f.evidence}\n[bold]fix:[/bold] {f.fix}",
+            )
+        stdout.print(table)
+    checks = Table(title="checks", title_justify="left", show_header=False, box=None)
+    for c in report.checks:
+        style = _STYLE[c.status]
+        checks.add_row(f"[{style}]{c.status}[/{style}]", c.id, c.note)
+    stdout.print(checks)
+    style = _STYLE[report.status]
+    stdout.print(f"[{style}]{_summary(report)}[/{style}]", highlight=False)

@@ -1,0 +1,248 @@
+"""`rmqkit status`: queue depths, consumers and rates, grouped per work queue."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+from rich.console import JustifyMethod
+from rich.live import Live
+from rich.table import Table
+
+from rmqkit.broker.management import management
+from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.render import print_json, stdout
+from rmqkit.durations import parse_duration_ms
+from rmqkit.errors import UsageError
+from rmqkit.health.status import QueueStatus, StatusReport, read_status, read_status_once
+from rmqkit.settings import Settings
+from rmqkit.topology import Topology, load_topology
+
+
+def status(
+    ctx: typer.Context,
+    topology: Path | None = typer.Option(
+        None,
+        "--topology",
+        "-t",
+        help="Show the topology's work, wait and parking queues, grouped per work queue "
+        "(default: every queue of the vhost, grouped by their dead-letter wiring).",
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print JSON (with --watch: one line per reading)."
+    ),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Redraw until Ctrl-C."),
+    interval: str = typer.Option("2s", "--interval", help="Time between --watch readings."),
+    parking_age: bool = typer.Option(
+        False,
+        "--parking-age",
+        help="Browse each non-empty parking queue for its oldest message's age (reads every "
+        "parked message and returns them all in order; slow on a big queue).",
+    ),
+) -> None:
+    """Per queue: ready, unacked, consumers, publish and deliver rates; parking size and
+    (with --parking-age) the age of the oldest parked message. Rates need the broker's
+    message stats; where it keeps none, they show as '-'."""
+    settings = settings_from(ctx)
+    spec = load_topology(topology) if topology is not None else None
+    if not watch:
+        report = run_async(read_status_once(settings, topology=spec, parking_age=parking_age))
+        if as_json:
+            print_json(report.as_dict())
+        elif stdout.is_terminal:
+            stdout.print(status_table(report))
+        else:
+            _print_lines(report)
+        return
+    try:
+        every_s = parse_duration_ms(interval) / 1000
+    except ValueError as exc:
+        raise UsageError(f"--interval: {exc}") from None
+    run_async(_watch(settings, spec, every_s, as_json=as_json, parking_age=parking_age))
+
+
+async def _watch(
+    settings: Settings,
+    topology: Topology | None,
+    every_s: float,
+    *,
+    as_json: bool,
+    parking_age: bool,
+) -> None:
+    """Read and redraw until interrupted; Ctrl-C ends it (exit 130 at the CLI edge)."""
+    async with management(settings) as api:
+        if as_json:
+            while True:
+                report = await read_status(
+                    api, topology=topology, settings=settings, parking_age=parking_age
+                )
+                print(json.dumps(report.as_dict(), default=str), flush=True)
+                await asyncio.sleep(every_s)
+        with Live(console=stdout, auto_refresh=False) as live:
+            while True:
+                report = await read_status(
+                    api, topology=topology, settings=settings, parking_age=parking_age
+                )
+                live.update(status_table(report, every_s=every_s), refresh=True)
+                await asyncio.sleep(every_s)
+
+
+@dataclass(frozen=True)
+class _Row:
+    name: str
+    role: str
+    ready: int | None
+    unacked: int | None
+    consumers: int | None
+    publish_rate: float | None
+    deliver_rate: float | None
+    messages: int | None
+    oldest_age_s: float | None
+    note: str
+
+
+def _total(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _rate_total(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def display_rows(report: StatusReport) -> list[list[_Row]]:
+    """Rows per group; a wait tier's jitter slots collapse into one row."""
+    sections: list[list[_Row]] = []
+    current: list[_Row] = []
+    owner: str | None = None
+    tiers: dict[str, list[QueueStatus]] = {}
+
+    def flush_tiers() -> None:
+        for tier, members in tiers.items():
+            slots = len(members) - 1
+            current.append(
+                _Row(
+                    tier + (f" (+{slots} slot{'s' if slots != 1 else ''})" if slots else ""),
+                    "wait",
+                    _total([m.ready for m in members]),
+                    _total([m.unacked for m in members]),
+                    _total([m.consumers for m in members]),
+                    _rate_total([m.publish_rate for m in members]),
+                    _rate_total([m.deliver_rate for m in members]),
+                    _total([m.messages for m in members]),
+                    None,
+                    "; ".join(sorted({m.note for m in members if m.note})),
+                )
+            )
+        tiers.clear()
+
+    for q in report.queues:
+        if q.owner != owner:
+            flush_tiers()
+            if current:
+                sections.append(current)
+            current, owner = [], q.owner
+        if q.role == "wait" and q.tier is not None:
+            tiers.setdefault(q.tier, []).append(q)
+            continue
+        flush_tiers()
+        current.append(
+            _Row(
+                q.name,
+                q.role,
+                q.ready,
+                q.unacked,
+                q.consumers,
+                q.publish_rate,
+                q.deliver_rate,
+                q.messages,
+                q.oldest_age_s,
+                q.note,
+            )
+        )
+    flush_tiers()
+    if current:
+        sections.append(current)
+    return sections
+
+
+def _num(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def status_table(report: StatusReport, every_s: float | None = None) -> Table:
+    """The status as a rich table, one section per work queue."""
+    title = f"vhost {report.vhost!r} at {report.taken_at:%H:%M:%S}"
+    if report.source:
+        title += f" — {report.source}"
+    if every_s is not None:
+        title += f" (every {every_s:g}s, Ctrl-C to stop)"
+    table = Table(title=title, title_justify="left")
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("queue", "left"),
+        ("role", "left"),
+        ("ready", "right"),
+        ("unacked", "right"),
+        ("consumers", "right"),
+        ("in/s", "right"),
+        ("out/s", "right"),
+        ("oldest", "right"),
+        ("note", "left"),
+    )
+    for column, justify in columns:
+        table.add_column(column, justify=justify, overflow="fold")
+    for index, section in enumerate(display_rows(report)):
+        if index:
+            table.add_section()
+        for row in section:
+            oldest = _age(row.oldest_age_s) if row.role == "parking" else ""
+            table.add_row(
+                row.name,
+                row.role,
+                _num(row.ready),
+                _num(row.unacked),
+                _num(row.consumers),
+                _rate(row.publish_rate),
+                _rate(row.deliver_rate),
+                oldest,
+                row.note,
+            )
+    if not report.rates_kept:
+        table.caption = "the broker keeps no message rates: in/s and out/s are unknown"
+    return table
+
+
+def _print_lines(report: StatusReport) -> None:
+    """Piped: one tab-separated line per row, never wrapped."""
+    print("queue\trole\tready\tunacked\tconsumers\tin/s\tout/s\toldest\tnote")
+    for section in display_rows(report):
+        for row in section:
+            fields = (
+                row.name,
+                row.role,
+                _num(row.ready),
+                _num(row.unacked),
+                _num(row.consumers),
+                _rate(row.publish_rate),
+                _rate(row.deliver_rate),
+                _age(row.oldest_age_s) if row.role == "parking" else "-",
+                row.note or "-",
+            )
+            print("\t".join(fields))

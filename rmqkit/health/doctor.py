@@ -1,0 +1,238 @@
+"""`rmqkit doctor`: a live vhost against the reliability checklist.
+
+``run_doctor`` fetches once (management API), samples the ready count of idle queues twice
+over AMQP (immediate, unlike management stats), plans the topology file if one is given, then
+runs the pure checks of ``rmqkit.health.checks``. The report's status follows the Nagios
+convention: 0 ok, 1 warning, 2 critical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from rmqkit.broker.amqp import connection
+from rmqkit.broker.management import management
+from rmqkit.consumer.config import DEFAULT_HANDLER_TIMEOUT_S
+from rmqkit.health.checks import (
+    CHECKS,
+    SEVERITY_RANK,
+    Check,
+    CheckSkipped,
+    DoctorInput,
+    Finding,
+    Severity,
+)
+from rmqkit.health.view import Role, Snapshot, classify, read_snapshot
+from rmqkit.settings import Settings
+from rmqkit.topology import Topology, plan_topology
+from rmqkit.topology.expand import Via, expand
+
+CheckStatus = Literal["ok", "warning", "critical", "skipped"]
+MAX_SAMPLED_QUEUES = 500  # keep doctor fast on a vhost with thousands of idle queues
+
+
+def worst_severity(findings: list[Finding]) -> Severity:
+    """The worst severity among ``findings`` ("ok" for none)."""
+    worst: Severity = "ok"
+    for finding in findings:
+        if SEVERITY_RANK[finding.severity] > SEVERITY_RANK[worst]:
+            worst = finding.severity
+    return worst
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's verdict and its findings."""
+
+    id: str
+    title: str
+    status: CheckStatus
+    findings: list[Finding] = field(default_factory=list)
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (without the findings, which the report lists once)."""
+        return {
+            "id": self.id,
+            "title": self.title,
+            "status": self.status,
+            "findings": len(self.findings),
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """Every check's result for one vhost."""
+
+    vhost: str
+    broker_version: tuple[int, int, int]
+    checked_at: datetime
+    checks: list[CheckResult]
+
+    @property
+    def findings(self) -> list[Finding]:
+        """All findings, worst first."""
+        found = [f for c in self.checks for f in c.findings]
+        return sorted(found, key=lambda f: -SEVERITY_RANK[f.severity])
+
+    @property
+    def status(self) -> Severity:
+        """The worst severity found ("ok" if nothing)."""
+        return worst_severity(self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        """Nagios plugin convention: 0 ok, 1 warning, 2 critical."""
+        return SEVERITY_RANK[self.status]
+
+    def counts(self) -> dict[str, int]:
+        """Findings per severity."""
+        out = {"critical": 0, "warning": 0}
+        for finding in self.findings:
+            if finding.severity in out:
+                out[finding.severity] += 1
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "vhost": self.vhost,
+            "broker_version": ".".join(map(str, self.broker_version)),
+            "checked_at": self.checked_at.isoformat(),
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "counts": self.counts(),
+            "findings": [f.as_dict() for f in self.findings],
+            "checks": [c.as_dict() for c in self.checks],
+        }
+
+
+def run_checks(inp: DoctorInput, checks: tuple[Check, ...] = CHECKS) -> list[CheckResult]:
+    """Run ``checks`` over ``inp`` (pure: no I/O)."""
+    results: list[CheckResult] = []
+    for check in checks:
+        try:
+            findings = check.run(inp)
+        except CheckSkipped as skipped:
+            results.append(CheckResult(check.id, check.title, "skipped", note=str(skipped)))
+            continue
+        results.append(CheckResult(check.id, check.title, worst_severity(findings), findings))
+    return results
+
+
+def topology_roles(topology: Topology, snapshot: Snapshot) -> dict[str, tuple[Role, str]]:
+    """Roles the topology file gives its queues (work, wait, parking; owner work queue)."""
+    desired = expand(topology, broker_version=snapshot.version)
+    return {q.name: (q.role, q.owner) for q in desired.queues}
+
+
+def idle_growth_candidates(snapshot: Snapshot, roles: dict[str, tuple[Role, str]]) -> list[str]:
+    """Queues with ready messages and no consumer that are meant to be consumed."""
+    names = [
+        name
+        for name, queue in sorted(snapshot.queues.items())
+        if not queue.exclusive
+        and roles.get(name, ("other", name))[0] not in ("wait", "parking")
+        and (queue.ready or 0) > 0
+        and queue.consumers == 0
+    ]
+    return names[:MAX_SAMPLED_QUEUES]
+
+
+async def sample_ready(
+    settings: Settings, names: list[str], interval_s: float
+) -> dict[str, tuple[int, int]]:
+    """Ready counts of ``names`` read twice, ``interval_s`` apart, by AMQP passive declare
+    (immediate, where management counts lag by the stats interval). Queues that vanish in
+    between are left out."""
+    if not names:
+        return {}
+    async with connection(settings, name="rmqkit doctor") as conn:
+        channel = await conn.channel()
+
+        async def read() -> dict[str, int]:
+            nonlocal channel
+            out: dict[str, int] = {}
+            for name in names:
+                try:
+                    declared = await channel.declare_queue(name, passive=True)
+                except Exception:  # 404 closes the channel: the queue went away
+                    channel = await conn.channel()
+                    continue
+                found = declared.declaration_result.message_count
+                if found is not None:
+                    out[name] = int(found)
+            return out
+
+        before = await read()
+        await asyncio.sleep(interval_s)
+        after = await read()
+    return {name: (before[name], after[name]) for name in before if name in after}
+
+
+async def run_doctor(
+    settings: Settings,
+    *,
+    topology: Topology | None = None,
+    via: Via = "policy",
+    handler_timeout_s: float | None = None,
+    sample_interval_s: float = 1.0,
+) -> DoctorReport:
+    """Check the vhost the settings point at.
+
+    ``handler_timeout_s`` is the consumers' handler timeout (default: each work queue's
+    ``handler_timeout`` in the topology file, else the consumer's default). A
+    ``sample_interval_s`` of 0 skips the second read of idle queues (growth is then judged
+    from management rates alone).
+    """
+    async with management(settings) as api:
+        snapshot = await read_snapshot(api)
+    known = topology_roles(topology, snapshot) if topology is not None else None
+    roles = classify(snapshot, known)
+    handler_timeouts: dict[str, tuple[float, str]] = {}
+    if handler_timeout_s is None and topology is not None:
+        for name, spec in topology.model.queues.items():
+            if spec.handler_timeout is not None:
+                handler_timeouts[name] = (spec.handler_timeout / 1000, "topology handler_timeout")
+    samples: dict[str, tuple[int, int]] = {}
+    if sample_interval_s > 0:
+        samples = await sample_ready(
+            settings, idle_growth_candidates(snapshot, roles), sample_interval_s
+        )
+    plan = await plan_topology(settings, topology, via=via) if topology is not None else None
+    inp = DoctorInput(
+        snapshot=snapshot,
+        roles=roles,
+        handler_timeout_s=(
+            handler_timeout_s if handler_timeout_s is not None else DEFAULT_HANDLER_TIMEOUT_S
+        ),
+        handler_timeout_source=(
+            "--handler-timeout" if handler_timeout_s is not None else "the consumer's default"
+        ),
+        handler_timeouts=handler_timeouts,
+        ready_samples=samples,
+        sample_interval_s=sample_interval_s,
+        plan=plan,
+    )
+    return DoctorReport(
+        vhost=snapshot.vhost,
+        broker_version=snapshot.version,
+        checked_at=datetime.now(UTC),
+        checks=run_checks(inp),
+    )
+
+
+__all__ = [
+    "CheckResult",
+    "DoctorReport",
+    "idle_growth_candidates",
+    "run_checks",
+    "run_doctor",
+    "sample_ready",
+    "topology_roles",
+    "worst_severity",
+]

@@ -1,0 +1,280 @@
+"""`rmqkit status`: depth, consumers and rates per queue, grouped per work queue.
+
+Everything comes from the management API in one read. The age of the oldest parked message
+is not something the management API knows (``head_message_timestamp`` exists only for classic
+queues whose messages carry a timestamp), so the true age is opt-in: ``parking_age=True``
+browses each non-empty parking queue (``rmqkit.parking.ops.parking_stats``), which reads every
+message in it and returns them all, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from rmqkit.broker.management import ManagementClient, management
+from rmqkit.errors import RmqkitError
+from rmqkit.health.view import QueueView, Role, Snapshot, classify, number, read_snapshot
+from rmqkit.parking.model import ParkedFilter
+from rmqkit.parking.ops import parking_stats
+from rmqkit.settings import Settings
+from rmqkit.topology import Topology
+from rmqkit.topology.expand import expand
+
+_ROLE_ORDER = {"work": 0, "wait": 1, "parking": 2, "other": 3}
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """One queue's numbers; None where the broker does not say (stats off, queue missing)."""
+
+    name: str
+    role: Role
+    owner: str  # the work queue it belongs to (itself for work and unrelated queues)
+    exists: bool = True
+    type: str | None = None
+    ready: int | None = None
+    unacked: int | None = None
+    messages: int | None = None
+    consumers: int | None = None
+    publish_rate: float | None = None
+    deliver_rate: float | None = None
+    ack_rate: float | None = None
+    oldest_age_s: float | None = None
+    oldest_age_from: str | None = None  # "head timestamp" | "browse"
+    note: str = ""
+    delay_ms: int | None = None  # wait queues: the TTL in effect
+
+    @property
+    def tier(self) -> str | None:
+        """Wait queues: the tier's main queue name (jitter slots collapse into it)."""
+        return self.name.split(".slot-", 1)[0] if self.role == "wait" else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "name": self.name,
+            "role": self.role,
+            "owner": self.owner,
+            "exists": self.exists,
+            "type": self.type,
+            "ready": self.ready,
+            "unacked": self.unacked,
+            "messages": self.messages,
+            "consumers": self.consumers,
+            "publish_rate": self.publish_rate,
+            "deliver_rate": self.deliver_rate,
+            "ack_rate": self.ack_rate,
+            "oldest_age_s": self.oldest_age_s,
+            "oldest_age_from": self.oldest_age_from,
+            "delay_ms": self.delay_ms,
+            "note": self.note,
+        }
+
+
+def _sum(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """A work queue with its wait and parking queues."""
+
+    work: str
+    queues: list[QueueStatus]
+
+    def _of(self, role: Role) -> list[QueueStatus]:
+        return [q for q in self.queues if q.role == role]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Totals per role: what an operator (or a dashboard) looks at first."""
+        work = [q for q in self.queues if q.name == self.work]
+        wait, parking = self._of("wait"), self._of("parking")
+        ages = [q.oldest_age_s for q in parking if q.oldest_age_s is not None]
+        head = work[0] if work else None
+        return {
+            "work": self.work,
+            "ready": head.ready if head else None,
+            "unacked": head.unacked if head else None,
+            "consumers": head.consumers if head else None,
+            "publish_rate": head.publish_rate if head else None,
+            "deliver_rate": head.deliver_rate if head else None,
+            "waiting": _sum([q.messages for q in wait]),
+            "wait_queues": len(wait),
+            "parked": _sum([q.messages for q in parking]),
+            "parking": [q.name for q in parking],
+            "parked_oldest_age_s": max(ages) if ages else None,
+        }
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """Every queue of the vhost (or of the topology), grouped per work queue."""
+
+    vhost: str
+    broker_version: tuple[int, int, int]
+    taken_at: datetime
+    queues: list[QueueStatus]
+    groups: list[GroupStatus] = field(default_factory=list)
+    rates_kept: bool = True
+    source: str | None = None  # the topology file, if one selected the queues
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "vhost": self.vhost,
+            "broker_version": ".".join(map(str, self.broker_version)),
+            "taken_at": self.taken_at.isoformat(),
+            "topology": self.source,
+            "rates_kept": self.rates_kept,
+            "groups": [g.as_dict() for g in self.groups],
+            "queues": [q.as_dict() for q in self.queues],
+        }
+
+
+def _head_age_s(queue: QueueView, now: datetime) -> float | None:
+    stamp = number(queue.raw.get("head_message_timestamp"))
+    if stamp is None or stamp <= 0:
+        return None
+    return max(0.0, now.timestamp() - stamp)
+
+
+def queue_status(queue: QueueView, role: Role, owner: str, now: datetime) -> QueueStatus:
+    """The status row of one live queue."""
+    age = _head_age_s(queue, now) if role == "parking" else None
+    ttl = queue.settings.get("message-ttl")
+    return QueueStatus(
+        name=queue.name,
+        role=role,
+        owner=owner,
+        type=queue.type,
+        ready=queue.ready,
+        unacked=queue.unacked,
+        messages=queue.messages,
+        consumers=queue.consumers,
+        publish_rate=queue.publish_rate,
+        deliver_rate=queue.deliver_rate,
+        ack_rate=queue.ack_rate,
+        oldest_age_s=age,
+        oldest_age_from="head timestamp" if age is not None else None,
+        delay_ms=int(ttl) if role == "wait" and isinstance(ttl, int) else None,
+    )
+
+
+def _order(row: QueueStatus) -> tuple[int, int, str]:
+    return (_ROLE_ORDER[row.role], row.delay_ms or 0, row.name)
+
+
+def build_status(
+    snapshot: Snapshot, topology: Topology | None = None, now: datetime | None = None
+) -> StatusReport:
+    """Rows and groups from a snapshot (pure). With a topology: its queues only, in its
+    grouping, missing ones marked; without: every queue, grouped by the roles inferred from
+    dead-letter wiring."""
+    now = now or datetime.now(UTC)
+    rows: list[QueueStatus] = []
+    if topology is not None:
+        desired = expand(topology, broker_version=snapshot.version)
+        known: dict[str, tuple[Role, str]] = {q.name: (q.role, q.owner) for q in desired.queues}
+        for spec in desired.queues:
+            live = snapshot.queues.get(spec.name)
+            if live is None:
+                rows.append(
+                    QueueStatus(
+                        spec.name,
+                        spec.role,
+                        spec.owner,
+                        exists=False,
+                        note="not declared",
+                        delay_ms=spec.delay_ms,
+                    )
+                )
+            else:
+                rows.append(queue_status(live, spec.role, spec.owner, now))
+    else:
+        roles = classify(snapshot)
+        known = roles
+        for name, queue in sorted(snapshot.queues.items()):
+            role, owner = roles[name]
+            rows.append(queue_status(queue, role, owner, now))
+    groups: dict[str, list[QueueStatus]] = {}
+    for row in rows:
+        groups.setdefault(row.owner, []).append(row)
+    ordered: list[GroupStatus] = []
+    flat: list[QueueStatus] = []
+    for owner in sorted(groups):
+        members = sorted(groups[owner], key=_order)
+        flat.extend(members)
+        if known.get(owner, ("other", owner))[0] == "work":
+            ordered.append(GroupStatus(owner, members))
+    return StatusReport(
+        vhost=snapshot.vhost,
+        broker_version=snapshot.version,
+        taken_at=now,
+        queues=flat,
+        groups=ordered,
+        rates_kept=snapshot.rates_kept,
+        source=topology.source if topology is not None else None,
+    )
+
+
+async def _with_parking_ages(settings: Settings, report: StatusReport) -> StatusReport:
+    rows: list[QueueStatus] = []
+    for row in report.queues:
+        if row.role != "parking" or not row.exists or not row.messages:
+            rows.append(row)
+            continue
+        try:
+            stats = await parking_stats(settings, row.name, ParkedFilter())
+        except RmqkitError as exc:  # e.g. a delivery limit makes browsing unsafe: say so
+            rows.append(replace(row, note=f"age not read: {exc}"))
+            continue
+        rows.append(replace(row, oldest_age_s=stats.oldest_age_s, oldest_age_from="browse"))
+    by_name = {r.name: r for r in rows}
+    groups = [GroupStatus(g.work, [by_name[q.name] for q in g.queues]) for g in report.groups]
+    return StatusReport(
+        report.vhost,
+        report.broker_version,
+        report.taken_at,
+        rows,
+        groups,
+        report.rates_kept,
+        report.source,
+    )
+
+
+async def read_status(
+    api: ManagementClient,
+    *,
+    topology: Topology | None = None,
+    settings: Settings | None = None,
+    parking_age: bool = False,
+) -> StatusReport:
+    """One status reading through an open management client (``--watch`` keeps it open).
+
+    ``parking_age`` needs ``settings`` (it browses over AMQP)."""
+    report = build_status(await read_snapshot(api), topology)
+    if parking_age and settings is not None:
+        report = await _with_parking_ages(settings, report)
+    return report
+
+
+async def read_status_once(
+    settings: Settings, *, topology: Topology | None = None, parking_age: bool = False
+) -> StatusReport:
+    """One status reading of the vhost the settings point at."""
+    async with management(settings) as api:
+        return await read_status(api, topology=topology, settings=settings, parking_age=parking_age)
+
+
+__all__ = [
+    "GroupStatus",
+    "QueueStatus",
+    "StatusReport",
+    "build_status",
+    "queue_status",
+    "read_status",
+    "read_status_once",
+]

@@ -1,0 +1,377 @@
+"""One vhost as the management API shows it, with what `status` and `doctor` derive from it.
+
+Everything here is pure over the fetched JSON (``read_snapshot`` is the only I/O): the
+settings in effect on each queue (arguments, the applying policy and operator policy, by the
+broker's precedence rules), where each queue dead-letters to, and each queue's role in the
+work → wait → parking pattern. Statistics may be missing (metrics collection off, a queue
+that never saw a message); every accessor returns None for a number it cannot know.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rmqkit.broker.amqp import parse_version
+from rmqkit.broker.management import ManagementClient
+
+Role = Literal["work", "wait", "parking", "other"]
+Version = tuple[int, int, int]
+
+# Numeric settings: where an argument, the policy and an operator policy all set one, the
+# lowest wins (delivery-limit has its own rule on 4.x, see ``_delivery_limit``).
+_NUMERIC = frozenset(
+    {"message-ttl", "expires", "max-length", "max-length-bytes", "consumer-timeout"}
+)
+_APPLY_TO = {
+    "classic": frozenset({"all", "queues", "classic_queues"}),
+    "quorum": frozenset({"all", "queues", "quorum_queues"}),
+    "stream": frozenset({"all", "queues", "streams"}),
+}
+QUORUM_DEFAULT_DELIVERY_LIMIT_4X = 20
+
+
+def number(value: Any) -> float | None:
+    """``value`` as a number, or None (absent, null, or not numeric)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def count(value: Any) -> int | None:
+    """``value`` as a whole count, or None."""
+    found = number(value)
+    return None if found is None else int(found)
+
+
+def rate(stats: dict[str, Any] | None, key: str) -> float | None:
+    """``message_stats[key + "_details"]["rate"]`` or None when the broker keeps no stats."""
+    details = (stats or {}).get(f"{key}_details")
+    return number(details.get("rate")) if isinstance(details, dict) else None
+
+
+def policy_applies(policy: dict[str, Any], name: str, queue_type: str | None) -> bool:
+    """Whether ``policy`` (a user or operator policy) matches queue ``name`` of ``queue_type``.
+
+    ``queue_type`` None means an exchange.
+    """
+    apply_to = str(policy.get("apply-to", "all"))
+    if queue_type is None:
+        if apply_to not in ("all", "exchanges"):
+            return False
+    elif apply_to not in _APPLY_TO.get(queue_type, _APPLY_TO["classic"]):
+        return False
+    try:
+        return re.search(str(policy.get("pattern", "")), name) is not None
+    except re.error:
+        return False
+
+
+def applying_policy(
+    policies: list[dict[str, Any]], name: str, queue_type: str | None
+) -> dict[str, Any] | None:
+    """The one policy the broker applies: the highest priority among those that match."""
+    matching = [p for p in policies if policy_applies(p, name, queue_type)]
+    if not matching:
+        return None
+    return max(matching, key=lambda p: (int(p.get("priority", 0) or 0), str(p.get("name", ""))))
+
+
+def _delivery_limit(values: list[float], version: Version) -> int | None:
+    if not values:
+        return None
+    # 4.x resolves a negative (unlimited) value against a positive one with max(), so the
+    # positive one wins; otherwise the lowest wins, as for every numeric key.
+    if version >= (4, 0, 0) and any(v < 0 for v in values):
+        return int(max(values))
+    return int(min(values))
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """One queue: identity, effective settings and the statistics the broker reported."""
+
+    name: str
+    type: str
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    arguments: dict[str, Any]
+    settings: dict[str, Any]  # in effect, policy-key form ("message-ttl", …)
+    sources: dict[str, str]  # setting → where it comes from ("argument", "policy 'p'", …)
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def ready(self) -> int | None:
+        return count(self.raw.get("messages_ready"))
+
+    @property
+    def unacked(self) -> int | None:
+        return count(self.raw.get("messages_unacknowledged"))
+
+    @property
+    def messages(self) -> int | None:
+        return count(self.raw.get("messages"))
+
+    @property
+    def messages_persistent(self) -> int | None:
+        return count(self.raw.get("messages_persistent"))
+
+    @property
+    def consumers(self) -> int | None:
+        return count(self.raw.get("consumers"))
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        found = self.raw.get("message_stats")
+        return found if isinstance(found, dict) else {}
+
+    @property
+    def publish_rate(self) -> float | None:
+        return rate(self.stats, "publish")
+
+    @property
+    def deliver_rate(self) -> float | None:
+        return rate(self.stats, "deliver_get")
+
+    @property
+    def ack_rate(self) -> float | None:
+        return rate(self.stats, "ack")
+
+    @property
+    def growth_rate(self) -> float | None:
+        """Change of the message count per second (``messages_details.rate``)."""
+        details = self.raw.get("messages_details")
+        return number(details.get("rate")) if isinstance(details, dict) else None
+
+    @property
+    def dead_letter_exchange(self) -> str | None:
+        value = self.settings.get("dead-letter-exchange")
+        return value if isinstance(value, str) else None
+
+    @property
+    def dead_letter_routing_key(self) -> str | None:
+        value = self.settings.get("dead-letter-routing-key")
+        return value if isinstance(value, str) else None
+
+    def source(self, key: str) -> str:
+        """Where setting ``key`` comes from, for evidence lines."""
+        return self.sources.get(key, "default")
+
+
+def effective_queue(
+    raw: dict[str, Any],
+    policies: list[dict[str, Any]],
+    operator_policies: list[dict[str, Any]],
+    version: Version,
+) -> QueueView:
+    """A queue's settings in effect, by the broker's precedence rules (rabbitmq-facts.md).
+
+    Worked out from the policy list rather than ``effective_policy_definition``, which lags a
+    policy change by up to the stats interval.
+    """
+    name = str(raw.get("name", ""))
+    qtype = str(raw.get("type") or "classic")
+    arguments = dict(raw.get("arguments") or {})
+    args = {k[2:]: v for k, v in arguments.items() if isinstance(k, str) and k.startswith("x-")}
+    args.pop("queue-type", None)
+    policy = applying_policy(policies, name, qtype)
+    operator = applying_policy(operator_policies, name, qtype)
+    pol: dict[str, Any] = dict((policy or {}).get("definition") or {})
+    op: dict[str, Any] = dict((operator or {}).get("definition") or {})
+    pol_label = f"policy {policy.get('name')!r}" if policy else "policy"
+    op_label = f"operator policy {operator.get('name')!r}" if operator else "operator policy"
+    settings: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key in sorted(set(args) | set(pol) | set(op)):
+        candidates = [
+            (label, value)
+            for label, value in (("argument", args.get(key)), (pol_label, pol.get(key)))
+            if value is not None
+        ]
+        if key in _NUMERIC or key == "delivery-limit":
+            if op.get(key) is not None:
+                candidates.append((op_label, op[key]))
+            numeric = [(label, number(v)) for label, v in candidates]
+            present = [(label, v) for label, v in numeric if v is not None]
+            if not present:
+                continue
+            if key == "delivery-limit":
+                chosen = _delivery_limit([v for _, v in present], version)
+            else:
+                chosen = int(min(v for _, v in present))
+            settings[key] = chosen
+            sources[key] = next(label for label, v in present if v == chosen)
+            continue
+        if not candidates:
+            continue
+        # Candidates are in order (argument, policy): the argument wins for dead-letter keys
+        # and everything else, except overflow on quorum queues, where the policy wins.
+        if key == "overflow" and qtype == "quorum":
+            candidates.sort(key=lambda item: item[0] == "argument")
+        label, value = candidates[0]
+        settings[key] = value
+        sources[key] = label
+    return QueueView(
+        name=name,
+        type=qtype,
+        durable=bool(raw.get("durable", True)),
+        exclusive=bool(raw.get("exclusive", False)),
+        auto_delete=bool(raw.get("auto_delete", False)),
+        arguments=arguments,
+        settings=settings,
+        sources=sources,
+        raw=raw,
+    )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything `doctor` and `status` read from one vhost, fetched once."""
+
+    vhost: str
+    version: Version
+    queues: dict[str, QueueView]
+    exchanges: dict[str, dict[str, Any]]
+    bindings: list[dict[str, Any]]
+    policies: list[dict[str, Any]]
+    operator_policies: list[dict[str, Any]]
+    vhost_stats: dict[str, Any] | None  # the vhost's message_stats; None when not kept
+    rates_mode: str | None = None  # "none" when the broker keeps counts but no rates
+    stats_disabled: bool = False  # management.disable_stats: no message stats at all
+
+    @property
+    def rates_kept(self) -> bool:
+        """Whether the broker computes message rates (and message_stats) at all."""
+        return not self.stats_disabled and self.rates_mode != "none"
+
+    def exchange_exists(self, name: str) -> bool:
+        """The default exchange ("") always exists."""
+        return name == "" or name in self.exchanges
+
+    def exchange_setting(self, name: str, key: str) -> Any:
+        """An exchange setting from its arguments, else from the policy that applies to it."""
+        exchange = self.exchanges.get(name) or {}
+        arguments = exchange.get("arguments") or {}
+        if arguments.get(key) is not None:
+            return arguments[key]
+        policy = applying_policy(self.policies, name, None)
+        return ((policy or {}).get("definition") or {}).get(key)
+
+    def dead_letter_targets(self, queue: QueueView) -> list[str] | None:
+        """The queues ``queue`` dead-letters into; None if it has no dead-letter exchange.
+
+        Through the default exchange the target is the dead-letter routing key (or, without
+        one, each message's own key: unknown, so []). Through a named exchange: the queues
+        bound to it, following exchange-to-exchange bindings; for direct exchanges only the
+        bindings whose key equals the dead-letter routing key, when one is set.
+        """
+        dlx = queue.dead_letter_exchange
+        if dlx is None:
+            return None
+        key = queue.dead_letter_routing_key
+        if dlx == "":
+            return [key] if key and key in self.queues else []
+        found: list[str] = []
+        seen: set[str] = set()
+        todo = [dlx]
+        while todo:
+            exchange = todo.pop()
+            if exchange in seen:
+                continue
+            seen.add(exchange)
+            direct = (self.exchanges.get(exchange) or {}).get("type") == "direct"
+            for binding in self.bindings:
+                if binding.get("source") != exchange:
+                    continue
+                if direct and key is not None and binding.get("routing_key") != key:
+                    continue
+                destination = str(binding.get("destination", ""))
+                if binding.get("destination_type") == "exchange":
+                    todo.append(destination)
+                elif destination in self.queues and destination not in found:
+                    found.append(destination)
+        return found
+
+
+def classify(
+    snapshot: Snapshot, known: dict[str, tuple[Role, str]] | None = None
+) -> dict[str, tuple[Role, str]]:
+    """Each queue's role and the work queue it belongs to (itself for work queues).
+
+    ``known`` (from a topology file) wins. Otherwise: a *parking* queue is named ``*.parking``
+    or is a dead-letter target that dead-letters nowhere itself; a *wait* queue has a message
+    TTL and dead-letters to a queue that is not parking (back to its work queue); a *work*
+    queue dead-letters into a parking queue.
+    """
+    roles: dict[str, tuple[Role, str]] = {}
+    targets = {name: snapshot.dead_letter_targets(q) for name, q in snapshot.queues.items()}
+    dl_targets = {t for found in targets.values() for t in (found or [])}
+    parking = {
+        name
+        for name, q in snapshot.queues.items()
+        if name.endswith(".parking") or (name in dl_targets and q.dead_letter_exchange is None)
+    }
+    for name, queue in snapshot.queues.items():
+        found = targets[name] or []
+        if name in parking:
+            roles[name] = ("parking", name)
+        elif found and not (set(found) & parking) and "message-ttl" in queue.settings:
+            roles[name] = ("wait", found[0])
+        elif set(found) & parking:
+            roles[name] = ("work", name)
+        else:
+            roles[name] = ("other", name)
+    # A parking queue belongs to the work queue that dead-letters into it (the first, sorted).
+    for name, (role, _) in sorted(roles.items()):
+        if role == "work":
+            for target in targets[name] or []:
+                if target in parking and roles[target][1] == target:
+                    roles[target] = ("parking", name)
+    roles.update({name: value for name, value in (known or {}).items() if name in roles})
+    return roles
+
+
+async def read_snapshot(api: ManagementClient) -> Snapshot:
+    """Fetch the vhost's queues, exchanges, bindings, policies and stats (management API)."""
+    overview = await api.overview()
+    version = parse_version(str(overview.get("rabbitmq_version") or "0.0.0"))
+    info = await api.vhost_info()
+    policies = await api.policies()
+    operator = await api.operator_policies()
+    raw_queues = await api.queues()
+    exchanges = await api.exchanges()
+    bindings = await api.bindings()
+    stats = info.get("message_stats")
+    return Snapshot(
+        vhost=api.vhost,
+        version=version,
+        queues={
+            str(q.get("name")): effective_queue(q, policies, operator, version) for q in raw_queues
+        },
+        exchanges={str(e.get("name", "")): e for e in exchanges},
+        bindings=[b for b in bindings if b.get("source")],
+        policies=policies,
+        operator_policies=operator,
+        vhost_stats=stats if isinstance(stats, dict) else None,
+        rates_mode=str(overview["rates_mode"]) if overview.get("rates_mode") else None,
+        stats_disabled=bool(overview.get("disable_stats", False)),
+    )
+
+
+__all__ = [
+    "QUORUM_DEFAULT_DELIVERY_LIMIT_4X",
+    "QueueView",
+    "Role",
+    "Snapshot",
+    "Version",
+    "applying_policy",
+    "classify",
+    "count",
+    "effective_queue",
+    "number",
+    "policy_applies",
+    "rate",
+    "read_snapshot",
+]

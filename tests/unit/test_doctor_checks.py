@@ -1,0 +1,403 @@
+"""The doctor's checks and the vhost view they read, over hand-made management API JSON."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmqkit.health.checks import CHECKS, DoctorInput, Finding
+from rmqkit.health.doctor import DoctorReport, run_checks
+from rmqkit.health.status import build_status
+from rmqkit.health.view import Snapshot, classify, effective_queue
+from rmqkit.topology import load_topology
+from rmqkit.topology.expand import expand
+from rmqkit.topology.plan import Change, Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+V3: tuple[int, int, int] = (3, 10, 8)
+V4: tuple[int, int, int] = (4, 1, 0)
+
+
+def queue(name: str, qtype: str = "quorum", **raw: Any) -> dict[str, Any]:
+    args = dict(raw.pop("args", {}))
+    args.setdefault("x-queue-type", qtype)
+    return {
+        "name": name,
+        "type": qtype,
+        "durable": True,
+        "arguments": args,
+        "consumers": 0,
+        "messages": 0,
+        "messages_ready": 0,
+        **raw,
+    }
+
+
+def policy(name: str, pattern: str, priority: int = 0, **definition: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "pattern": pattern,
+        "priority": priority,
+        "apply-to": "queues",
+        "definition": {k.replace("_", "-"): v for k, v in definition.items()},
+    }
+
+
+def snapshot(
+    queues: list[dict[str, Any]],
+    *,
+    policies: list[dict[str, Any]] | None = None,
+    operator: list[dict[str, Any]] | None = None,
+    exchanges: list[dict[str, Any]] | None = None,
+    bindings: list[dict[str, Any]] | None = None,
+    version: tuple[int, int, int] = V3,
+    vhost_stats: dict[str, Any] | None = None,
+    rates_mode: str = "basic",
+) -> Snapshot:
+    pols, ops = policies or [], operator or []
+    return Snapshot(
+        vhost="v",
+        version=version,
+        queues={q["name"]: effective_queue(q, pols, ops, version) for q in queues},
+        exchanges={"": {"name": ""}, **{e["name"]: e for e in exchanges or []}},
+        bindings=bindings or [],
+        policies=pols,
+        operator_policies=ops,
+        vhost_stats=vhost_stats,
+        rates_mode=rates_mode,
+    )
+
+
+def check(snap: Snapshot, check_id: str, **kwargs: Any) -> list[Finding]:
+    inp = DoctorInput(snapshot=snap, roles=classify(snap), **kwargs)
+    (found,) = [c for c in CHECKS if c.id == check_id]
+    return found.run(inp)
+
+
+def fired(snap: Snapshot, **kwargs: Any) -> set[str]:
+    inp = DoctorInput(snapshot=snap, roles=classify(snap), **kwargs)
+    return {f.check for r in run_checks(inp) for f in r.findings}
+
+
+PARKED = {
+    "x-dead-letter-exchange": "",
+    "x-dead-letter-routing-key": "w.parking",
+    "x-dead-letter-strategy": "at-least-once",
+    "x-overflow": "reject-publish",
+    "x-max-length": 1000,
+}
+
+
+def work_and_parking(**work_args: Any) -> list[dict[str, Any]]:
+    return [queue("w", args={**PARKED, **work_args}), queue("w.parking")]
+
+
+# --- the view ---------------------------------------------------------------------------------
+def test_precedence_numbers_lowest_dead_letter_argument_overflow_policy_on_quorum() -> None:
+    snap = snapshot(
+        [
+            queue(
+                "q",
+                args={
+                    "x-max-length": 50,
+                    "x-dead-letter-exchange": "from-arg",
+                    "x-overflow": "drop-head",
+                },
+            ),
+            queue("c", "classic", args={"x-overflow": "drop-head"}),
+        ],
+        policies=[
+            policy(
+                "p",
+                ".*",
+                max_length=10,
+                dead_letter_exchange="from-policy",
+                overflow="reject-publish",
+            )
+        ],
+        operator=[policy("op", "^q$", max_length=5)],
+    )
+    q = snap.queues["q"]
+    assert q.settings["max-length"] == 5 and q.source("max-length") == "operator policy 'op'"
+    assert q.dead_letter_exchange == "from-arg"
+    assert q.settings["overflow"] == "reject-publish"  # quorum: the policy wins
+    assert snap.queues["c"].settings["overflow"] == "drop-head"  # classic: the argument wins
+
+
+def test_only_the_highest_priority_policy_applies_and_apply_to_is_respected() -> None:
+    snap = snapshot(
+        [queue("q"), queue("c", "classic")],
+        policies=[
+            policy("low", ".*", 1, message_ttl=1000),
+            policy("high", ".*", 5, max_length=3),
+            {**policy("qq-only", "^c$", 9, expires=5), "apply-to": "quorum_queues"},
+        ],
+    )
+    assert snap.queues["q"].settings == {"max-length": 3}
+    assert snap.queues["c"].settings == {"max-length": 3}
+
+
+def test_delivery_limit_negative_loses_to_a_positive_one_on_4x() -> None:
+    pols = [policy("p", ".*", delivery_limit=7)]
+    snap = snapshot([queue("q", args={"x-delivery-limit": -1})], policies=pols, version=V4)
+    assert snap.queues["q"].settings["delivery-limit"] == 7
+
+
+def test_classify_work_wait_parking_from_dead_letter_wiring() -> None:
+    wait_args = {
+        "x-message-ttl": 1000,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "w",
+    }
+    snap = snapshot([*work_and_parking(), queue("w.wait.1s", args=wait_args), queue("other")])
+    roles = classify(snap)
+    assert roles["w"] == ("work", "w")
+    assert roles["w.wait.1s"] == ("wait", "w")
+    assert roles["w.parking"] == ("parking", "w")
+    assert roles["other"] == ("other", "other")
+
+
+def test_dead_letter_targets_through_a_named_exchange_and_its_bindings() -> None:
+    snap = snapshot(
+        [queue("w", args={"x-dead-letter-exchange": "dlx"}), queue("dead")],
+        exchanges=[{"name": "dlx", "type": "fanout"}, {"name": "dlx2", "type": "fanout"}],
+        bindings=[
+            {"source": "dlx", "destination": "dlx2", "destination_type": "exchange"},
+            {"source": "dlx2", "destination": "dead", "destination_type": "queue"},
+        ],
+    )
+    assert snap.dead_letter_targets(snap.queues["w"]) == ["dead"]
+    assert classify(snap)["dead"] == ("parking", "w")  # a target that dead-letters nowhere
+
+
+# --- the checks, each with a case that fires and one that does not --------------------------
+def test_quorum_without_dead_letter_depends_on_version_and_limit() -> None:
+    limited = snapshot([queue("q", args={"x-delivery-limit": 5})])
+    assert [f.severity for f in check(limited, "quorum-no-dead-letter")] == ["critical"]
+    assert check(snapshot([queue("q")]), "quorum-no-dead-letter") == []  # 3.x: no limit
+    (finding,) = check(snapshot([queue("q")], version=V4), "quorum-no-dead-letter")
+    assert "20 (the 4.x default)" in finding.evidence
+    unlimited = snapshot([queue("q", args={"x-delivery-limit": -1})], version=V4)
+    assert check(unlimited, "quorum-no-dead-letter") == []
+    assert check(snapshot([queue("c", "classic")], version=V4), "quorum-no-dead-letter") == []
+
+
+def test_dead_letter_target_missing_exchange_queue_and_unbound() -> None:
+    missing = snapshot([queue("q", args={"x-dead-letter-exchange": "nope"})])
+    (finding,) = check(missing, "dead-letter-target-missing")
+    assert finding.severity == "critical" and "'nope'" in finding.evidence
+    to_missing_queue = snapshot(
+        [queue("q", args={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "gone"})]
+    )
+    assert check(to_missing_queue, "dead-letter-target-missing")[0].severity == "critical"
+    unbound = snapshot(
+        [queue("q", args={"x-dead-letter-exchange": "dlx"})],
+        exchanges=[{"name": "dlx", "type": "direct"}],
+    )
+    assert check(unbound, "dead-letter-target-missing")[0].object == "q"
+    no_key = snapshot([queue("q", args={"x-dead-letter-exchange": ""})])
+    assert check(no_key, "dead-letter-target-missing")[0].severity == "warning"
+    assert check(snapshot(work_and_parking()), "dead-letter-target-missing") == []
+
+
+def test_at_least_once_needs_reject_publish_and_a_quorum_queue() -> None:
+    args = {**PARKED}
+    del args["x-overflow"]
+    (finding,) = check(
+        snapshot([queue("w", args=args), queue("w.parking")]),
+        "at-least-once-without-reject-publish",
+    )
+    assert "drop-head (default)" in finding.evidence
+    # On a quorum queue a policy's overflow beats the argument: fixed by the policy.
+    fixed = snapshot(
+        [queue("w", args={**PARKED, "x-overflow": "drop-head"}), queue("w.parking")],
+        policies=[policy("p", "^w$", overflow="reject-publish")],
+    )
+    assert check(fixed, "at-least-once-without-reject-publish") == []
+    classic = snapshot([queue("w", "classic", args=PARKED), queue("w.parking")])
+    assert len(check(classic, "at-least-once-without-reject-publish")) == 1
+
+
+def test_parking_with_ttl_expiry_limit_or_drop_head() -> None:
+    for args in (
+        {"x-message-ttl": 1000},
+        {"x-expires": 60000},
+        {"x-delivery-limit": 3},
+        {"x-max-length": 10},
+    ):
+        found = check(snapshot([queue("jobs.parking", args=args)]), "parking-limit-or-ttl")
+        assert [f.severity for f in found] == ["critical"], args
+    bounded_safely = {"x-max-length": 10, "x-overflow": "reject-publish"}
+    assert check(snapshot([queue("p.parking", args=bounded_safely)]), "parking-limit-or-ttl") == []
+    # 4.x: no explicit limit means the default 20; -1 is the fix.
+    assert check(snapshot([queue("p.parking")], version=V4), "parking-limit-or-ttl")
+    fixed = snapshot([queue("p.parking", args={"x-delivery-limit": -1})], version=V4)
+    assert check(fixed, "parking-limit-or-ttl") == []
+
+
+def test_classic_mirrored_policies_user_and_operator() -> None:
+    snap = snapshot(
+        [], policies=[policy("ha", ".*", ha_mode="all")], operator=[policy("op", ".*", ha_x=1)]
+    )
+    found = check(snap, "classic-mirrored-policy")
+    assert [(f.kind, f.object) for f in found] == [("policy", "ha"), ("operator-policy", "op")]
+
+
+def test_transient_messages_only_when_counts_say_so() -> None:
+    transient = queue("c", "classic", messages=4, messages_persistent=1)
+    (finding,) = check(snapshot([transient]), "transient-messages")
+    assert finding.evidence.startswith("3 of 4")
+    assert check(snapshot([queue("c", "classic", messages=4)]), "transient-messages") == []
+    non_durable = {**transient, "durable": False}
+    assert check(snapshot([non_durable]), "transient-messages") == []
+
+
+def test_unroutable_dropped_names_the_exchange_without_alternate() -> None:
+    exchanges = [
+        {"name": "events", "type": "topic", "message_stats": {"publish_in": 9, "publish_out": 4}},
+        {
+            "name": "guarded",
+            "type": "topic",
+            "arguments": {"alternate-exchange": "ae"},
+            "message_stats": {"publish_in": 9},
+        },
+    ]
+    snap = snapshot([], exchanges=exchanges, vhost_stats={"drop_unroutable": 5})
+    (finding,) = check(snap, "unroutable-dropped")
+    assert finding.object == "events" and "dropped 5" in finding.evidence
+    returned_only = snapshot([], exchanges=exchanges, vhost_stats={"return_unroutable": 5})
+    assert check(returned_only, "unroutable-dropped") == []
+    no_stats = snapshot([], exchanges=exchanges, rates_mode="none")
+    inp = DoctorInput(snapshot=no_stats, roles={})
+    (result,) = [r for r in run_checks(inp) if r.id == "unroutable-dropped"]
+    assert result.status == "skipped"
+
+
+def test_growing_without_consumers_from_rates_or_samples_never_wait_or_parking() -> None:
+    idle = queue("q", messages_ready=3, messages=3)
+    publishing = {**idle, "message_stats": {"publish_details": {"rate": 2.0}}}
+    assert check(snapshot([publishing]), "growing-without-consumers")
+    assert check(snapshot([idle]), "growing-without-consumers") == []
+    grew = check(
+        snapshot([idle]),
+        "growing-without-consumers",
+        ready_samples={"q": (3, 8)},
+        sample_interval_s=1.0,
+    )
+    assert "3 → 8" in grew[0].evidence
+    consumed = {**publishing, "consumers": 1}
+    assert check(snapshot([consumed]), "growing-without-consumers") == []
+    parked = {**publishing, "name": "w.parking"}
+    assert check(snapshot([parked]), "growing-without-consumers") == []
+
+
+def test_unbounded_work_queue() -> None:
+    args = {**PARKED}
+    del args["x-max-length"]
+    (finding,) = check(
+        snapshot([queue("w", args=args), queue("w.parking")]), "unbounded-work-queue"
+    )
+    assert finding.object == "w"
+    bytes_bound = {**args, "x-max-length-bytes": 10_000}
+    assert check(snapshot(work_and_parking(**bytes_bound)), "unbounded-work-queue") == []
+
+
+def test_handler_timeout_against_default_and_per_queue_consumer_timeout() -> None:
+    snap = snapshot(work_and_parking())
+    assert check(snap, "handler-timeout-above-consumer-timeout") == []
+    (finding,) = check(snap, "handler-timeout-above-consumer-timeout", handler_timeout_s=1800.0)
+    assert "30m" in finding.evidence
+    # 3.12+ reads a per-queue consumer-timeout; earlier brokers ignore it.
+    pols = [policy("ct", "^w$", consumer_timeout=60_000)]
+    newer = snapshot(work_and_parking(), policies=pols, version=(3, 12, 0))
+    assert check(newer, "handler-timeout-above-consumer-timeout", handler_timeout_s=90.0)
+    older = snapshot(work_and_parking(), policies=pols)
+    assert check(older, "handler-timeout-above-consumer-timeout", handler_timeout_s=90.0) == []
+    per_queue = {"w": (2000.0, "topology handler_timeout")}
+    assert check(snap, "handler-timeout-above-consumer-timeout", handler_timeouts=per_queue)
+
+
+def test_topology_out_of_sync_pending_warns_conflict_is_critical() -> None:
+    desired = expand(load_topology(ROOT / "topologies" / "orders.toml"))
+    plan = Plan(
+        "orders.toml",
+        "v",
+        desired,
+        [
+            Change("queue", "a", "create", "quorum queue"),
+            Change("queue", "b", "conflict", "exists as a classic queue", "rename it"),
+            Change("queue", "c", "in-sync"),
+            Change("queue", "d", "orphan", "left in place"),
+        ],
+    )
+    found = check(snapshot([]), "topology-out-of-sync", plan=plan)
+    assert [(f.object, f.severity) for f in found] == [("a", "warning"), ("b", "critical")]
+    inp = DoctorInput(snapshot=snapshot([]), roles={})
+    (result,) = [r for r in run_checks(inp) if r.id == "topology-out-of-sync"]
+    assert result.status == "skipped"
+
+
+# --- rmqkit's own topology is clean, on 3.x and 4.x ------------------------------------------
+@pytest.mark.parametrize("version", [V3, V4])
+@pytest.mark.parametrize("file", ["topologies/orders.toml", "tests/topologies/lanes.toml"])
+def test_a_declared_rmqkit_topology_is_clean(version: tuple[int, int, int], file: str) -> None:
+    desired = expand(load_topology(ROOT / file), broker_version=version)
+    policies = [
+        {
+            "name": p.name,
+            "pattern": p.pattern,
+            "priority": p.priority,
+            "apply-to": p.apply_to,
+            "definition": p.definition,
+        }
+        for p in desired.policies
+    ]
+    snap = snapshot(
+        [queue(q.name) for q in desired.queues],
+        policies=policies,
+        exchanges=[{"name": e.name, "type": e.type} for e in desired.exchanges],
+        version=version,
+    )
+    roles = classify(snap)
+    assert {roles[q.name][0] for q in desired.queues} == {"work", "wait", "parking"}
+    assert all(roles[q.name] == (q.role, q.owner) for q in desired.queues)
+    found = fired(snap)
+    if file.endswith("lanes.toml"):  # lanes.toml sets no max_length: rightly a warning
+        assert found == {"unbounded-work-queue"}
+    else:
+        assert found == set()
+
+
+# --- the report -------------------------------------------------------------------------------
+def test_report_status_and_exit_code_follow_nagios() -> None:
+    clean = DoctorReport("v", V3, datetime.now(UTC), run_checks(DoctorInput(snapshot([]), {})))
+    assert (clean.status, clean.exit_code) == ("ok", 0)
+    snap = snapshot([queue("q", args={"x-delivery-limit": 5})], policies=[policy("h", "x", ha_a=1)])
+    bad = DoctorReport("v", V3, datetime.now(UTC), run_checks(DoctorInput(snap, classify(snap))))
+    assert (bad.status, bad.exit_code) == ("critical", 2)
+    assert bad.counts() == {"critical": 1, "warning": 1}
+    assert bad.findings[0].severity == "critical"
+    assert bad.as_dict()["findings"][0]["check"] == "quorum-no-dead-letter"
+
+
+def test_status_groups_per_work_queue_and_tolerates_missing_stats() -> None:
+    wait_args = {
+        "x-message-ttl": 1000,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "w",
+    }
+    raw = [
+        queue("w", args=PARKED, messages=5, messages_ready=4, messages_unacknowledged=1),
+        queue("w.wait.1s", args=wait_args, messages=2),
+        queue("w.parking", messages=3),
+        {"name": "bare", "type": "classic"},  # no counts at all
+    ]
+    report = build_status(snapshot(raw))
+    (group,) = [g.as_dict() for g in report.groups]
+    assert group["work"] == "w"
+    assert (group["ready"], group["unacked"], group["waiting"], group["parked"]) == (4, 1, 2, 3)
+    bare = next(q for q in report.queues if q.name == "bare")
+    assert (bare.ready, bare.publish_rate) == (None, None)
