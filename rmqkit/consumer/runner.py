@@ -26,7 +26,9 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp import commands as spec
 
 from rmqkit.broker.amqp import connect
-from rmqkit.broker.codec import Timestamp, TypedProperties, typed_decoding
+from rmqkit.broker.fieldtypes import Timestamp
+from rmqkit.broker.pamqp_hook import typed_decoding
+from rmqkit.broker.typed_properties import TypedProperties
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.config import ConsumerConfig

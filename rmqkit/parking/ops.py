@@ -16,8 +16,9 @@ from pamqp import commands as spec
 
 from rmqkit import headers as h
 from rmqkit.broker.amqp import connect, server_version
-from rmqkit.broker.codec import TypedProperties, typed_decoding
 from rmqkit.broker.management import ManagementClient, management
+from rmqkit.broker.pamqp_hook import typed_decoding
+from rmqkit.broker.typed_properties import TypedProperties
 from rmqkit.parking.browse import BrowseStats, Verdict, browse, check_browsable
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.settings import Settings

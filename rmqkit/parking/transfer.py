@@ -14,11 +14,11 @@ import aiormq
 from pamqp import commands as spec
 
 from rmqkit.broker.amqp import connect
-from rmqkit.broker.codec import dumps_record, loads_record, message_to_record, record_to_message
 from rmqkit.errors import DataError
 from rmqkit.parking.browse import Verdict, browse
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.parking.ops import PUBLISH_WINDOW, Progress, parking_session
+from rmqkit.parking.records import dumps_record, loads_record, message_to_record, record_to_message
 from rmqkit.settings import Settings
 
 FSYNC_EVERY = 1000  # with --remove: messages written between an fsync and their acks

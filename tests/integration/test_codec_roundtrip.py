@@ -2,7 +2,7 @@
 
 Messages are published with ``TypedProperties`` through ``aiormq.Channel.basic_publish`` (the
 exact types go on the wire), read back as ``DeliveredMessage`` on a connection opened with
-``codec.connect_typed``, exported to NDJSON lines, left in the queue (nack + requeue), purged,
+``pamqp_hook.connect_typed``, exported to NDJSON lines, left in the queue (nack + requeue), purged,
 imported from the lines, and read again. Bodies must be byte-identical and properties and
 headers equal *including type tags*.
 
@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from pamqp import commands as spec
 from pamqp.common import FieldValue
 
-from rmqkit.broker import codec
-from rmqkit.broker.codec import (
+from rmqkit.broker import fieldtypes, pamqp_hook
+from rmqkit.broker.fieldtypes import (
     AmqpDecimal,
     Float32,
     Float64,
@@ -43,11 +43,12 @@ from rmqkit.broker.codec import (
     Int64,
     Int64L,
     Timestamp,
-    TypedProperties,
     UInt8,
     UInt16,
     UInt32,
 )
+from rmqkit.broker.typed_properties import TypedProperties
+from rmqkit.parking import records
 from rmqkit.settings import with_vhost
 from tests import broker
 from tests.unit.test_codec import shortstr, tables
@@ -97,7 +98,7 @@ async def export(url: str, queue: str, *, remove: bool) -> list[str]:
     ``remove=False`` returns them to the queue afterwards (nack + requeue), as ``export`` does
     without ``--remove``.
     """
-    conn = await codec.connect_typed(url)
+    conn = await pamqp_hook.connect_typed(url)
     lines: list[str] = []
     try:
         channel = await conn.channel()
@@ -110,9 +111,9 @@ async def export(url: str, queue: str, *, remove: bool) -> list[str]:
             assert isinstance(delivery, spec.Basic.GetOk)
             properties = message.header.properties
             assert isinstance(properties, TypedProperties)
-            info = codec.delivery_info(delivery, queue=queue)
-            record = codec.message_to_record(properties, message.body, delivery_info=info)
-            lines.append(codec.dumps_record(record))
+            info = records.delivery_info(delivery, queue=queue)
+            record = records.message_to_record(properties, message.body, delivery_info=info)
+            lines.append(records.dumps_record(record))
             last_tag = int(delivery.delivery_tag or 0)
         if last_tag:
             if remove:
@@ -136,7 +137,7 @@ async def purge(url: str, queue: str, expected: int) -> None:
 
 async def import_lines(url: str, queue: str, lines: list[str]) -> None:
     messages = [
-        codec.record_to_message(codec.loads_record(line, number, source="export.ndjson"))
+        records.record_to_message(records.loads_record(line, number, source="export.ndjson"))
         for number, line in enumerate(lines, start=1)
     ]
     await publish(url, queue, messages)
@@ -176,7 +177,7 @@ def comparable(line: str) -> str:
 
 def as_published(properties: TypedProperties, body: bytes, queue: str) -> str:
     """What the first export should hold for a message we published, on this queue type."""
-    record = codec.message_to_record(properties, body, delivery_info={})
+    record = records.message_to_record(properties, body, delivery_info={})
     if queue == "quorum":
         record = json.loads(json.dumps(record).replace('{"t": "L"', '{"t": "l"'))
         record["properties"].setdefault("headers", {})  # the broker adds x-delivery-count
@@ -193,7 +194,7 @@ def assert_round_trip(
     for (properties, body), first, second in zip(messages, exported, after, strict=True):
         assert comparable(second) == comparable(first)  # export → purge → import is exact
         assert comparable(first) == as_published(properties, body, queue)  # and so was export
-        _, imported_body = codec.record_to_message(json.loads(second))
+        _, imported_body = records.record_to_message(json.loads(second))
         assert imported_body == body  # byte-identical
 
 
@@ -322,7 +323,7 @@ def test_random_messages_round_trip(
 
 
 def test_what_the_broker_does_with_types(url: str) -> None:
-    headers: dict[str, codec.FieldValue] = {
+    headers: dict[str, fieldtypes.FieldValue] = {
         "zz": Int64L(-1),
         "aa": UInt8(200),
         "n": {"z": Int8(1), "a": Int8(2)},

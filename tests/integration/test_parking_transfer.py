@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqkit.broker.codec import TypedProperties
+from rmqkit.broker.typed_properties import TypedProperties
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import purge_parked
 from rmqkit.parking.transfer import export_parked, import_records, read_export

@@ -26,9 +26,10 @@ from pamqp import commands as spec
 from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ContentHeader
 
-from rmqkit.broker import codec
-from rmqkit.broker.codec import (
+from rmqkit.broker import pamqp_hook
+from rmqkit.broker.fieldtypes import (
     AmqpDecimal,
+    AmqpInt,
     Float32,
     Float64,
     Int8,
@@ -37,12 +38,20 @@ from rmqkit.broker.codec import (
     Int64,
     Int64L,
     Timestamp,
-    TypedProperties,
     UInt8,
     UInt16,
     UInt32,
 )
+from rmqkit.broker.typed_properties import TypedProperties, decode_properties
+from rmqkit.broker.wire import (
+    MAX_DEPTH,
+    decode_field_table,
+    decode_field_value,
+    encode_field_table,
+    encode_field_value,
+)
 from rmqkit.errors import DataError, RmqkitError
+from rmqkit.parking import records
 
 INT_TYPES = (Int8, UInt8, Int16, UInt16, Int32, UInt32, Int64, Int64L, Timestamp)
 
@@ -137,11 +146,11 @@ def typed_properties(draw: st.DrawFn, /, **kwargs: Any) -> TypedProperties:
 
 def canon(value: Any) -> str:
     """The tagged JSON text of a value: equal text ⇔ same types and same values."""
-    return json.dumps(codec.value_to_json(value), ensure_ascii=True)
+    return json.dumps(records.value_to_json(value), ensure_ascii=True)
 
 
 def record_of(properties: spec.Basic.Properties, body: bytes = b"") -> dict[str, Any]:
-    return codec.message_to_record(properties, body, delivery_info={})
+    return records.message_to_record(properties, body, delivery_info={})
 
 
 def has_nan(value: Any) -> bool:
@@ -160,7 +169,7 @@ def content_header_frame(properties: spec.Basic.Properties, body_size: int = 0) 
 
 
 def typed_unmarshal(frame: bytes) -> ContentHeader:
-    with codec.typed_decoding():
+    with pamqp_hook.typed_decoding():
         _, _, header = pamqp.frame.unmarshal(frame)
     assert isinstance(header, ContentHeader)
     return header
@@ -189,9 +198,9 @@ def test_pamqp_alone_does_not_round_trip_field_types() -> None:
 
 def test_our_decoder_keeps_what_pamqp_loses() -> None:
     wire = b"\x00\x00\x00\x05" + b"\x01k" + b"s\x00\x05"
-    decoded = codec.decode_field_table(wire)
+    decoded = decode_field_table(wire)
     assert type(decoded["k"]) is Int16 and decoded["k"] == 5
-    assert codec.encode_field_table(decoded) == wire
+    assert encode_field_table(decoded) == wire
 
 
 # ------------------------------------------------------------------------------------------------
@@ -201,18 +210,18 @@ def test_our_decoder_keeps_what_pamqp_loses() -> None:
 
 @given(values())
 def test_value_survives_tagged_json(value: Any) -> None:
-    text = json.dumps(codec.value_to_json(value))
-    back = codec.value_from_json(json.loads(text))
+    text = json.dumps(records.value_to_json(value))
+    back = records.value_from_json(json.loads(text))
     assert canon(back) == canon(value)
 
 
 @given(values())
 def test_value_survives_our_wire_codec_byte_for_byte(value: Any) -> None:
-    wire = codec.encode_field_value(value)
-    back = codec.decode_field_value(wire)
+    wire = encode_field_value(value)
+    back = decode_field_value(wire)
     assert canon(back) == canon(value)
     if not has_nan(value):  # NaN payload bits are not kept (and RabbitMQ refuses NaN anyway)
-        assert codec.encode_field_value(back) == wire
+        assert encode_field_value(back) == wire
 
 
 @given(tables(finite_floats=True))
@@ -241,7 +250,7 @@ def test_pamqp_decoder_reads_our_encoding_as_the_same_values(table: dict[str, An
 
     if not safe(table):
         return
-    _, decoded = pamqp.decode.field_table(codec.encode_field_table(table))
+    _, decoded = pamqp.decode.field_table(encode_field_table(table))
     assert decoded == pamqp_view(table)
 
 
@@ -275,7 +284,7 @@ plain_values = st.recursive(
 def test_our_decoder_reads_pamqp_encoding_with_pamqps_type_choices(table: dict[str, Any]) -> None:
     """What other rmqkit code publishes through pamqp decodes to the same values and tags."""
     wire = pamqp.encode.field_table(table)
-    decoded = codec.decode_field_table(wire)
+    decoded = decode_field_table(wire)
     assert decoded == table
 
     def tags_agree(plain: Any, typed: Any) -> None:
@@ -290,9 +299,9 @@ def test_our_decoder_reads_pamqp_encoding_with_pamqps_type_choices(table: dict[s
 
     tags_agree(table, decoded)
     # The non-strict export of plain values records exactly those tags.
-    assert codec.headers_to_json(table, strict=False) == codec.headers_to_json(decoded)
+    assert records.headers_to_json(table, strict=False) == records.headers_to_json(decoded)
     # ...and our encoder re-creates pamqp's bytes from the typed values.
-    assert codec.encode_field_table(decoded) == wire
+    assert encode_field_table(decoded) == wire
 
 
 # ------------------------------------------------------------------------------------------------
@@ -306,13 +315,13 @@ def test_record_round_trip_through_ndjson_and_pamqp_frames(
     properties: TypedProperties, body: bytes
 ) -> None:
     record = record_of(properties, body)
-    line = codec.dumps_record(record)
+    line = records.dumps_record(record)
     assert "\n" not in line
     line.encode("utf-8")  # always valid UTF-8
-    loaded = codec.loads_record(line, 7)
+    loaded = records.loads_record(line, 7)
     assert json.dumps(loaded) == json.dumps(record)
 
-    published, published_body = codec.record_to_message(loaded)
+    published, published_body = records.record_to_message(loaded)
     assert published_body == body
     # The publish side: pamqp's frame marshal (as aiormq calls it) with our properties...
     frame = content_header_frame(published, len(published_body))
@@ -329,7 +338,7 @@ def test_record_round_trip_through_ndjson_and_pamqp_frames(
 @given(typed_properties())
 def test_decode_properties_matches_the_hook(properties: TypedProperties) -> None:
     wire = properties.marshal()
-    decoded = codec.decode_properties(wire)
+    decoded = decode_properties(wire)
     assert json.dumps(record_of(decoded)) == json.dumps(record_of(properties))
 
 
@@ -339,7 +348,7 @@ def test_decode_properties_matches_the_hook(properties: TypedProperties) -> None
 
 
 @pytest.mark.parametrize("cls", INT_TYPES)
-def test_int_types_enforce_their_range(cls: type[codec.AmqpInt]) -> None:
+def test_int_types_enforce_their_range(cls: type[AmqpInt]) -> None:
     assert cls(cls.minimum) == cls.minimum and cls(cls.maximum) == cls.maximum
     with pytest.raises(ValueError, match=cls.__name__):
         cls(cls.maximum + 1)
@@ -385,8 +394,8 @@ def test_decimal_limits(text: str, problem: str) -> None:
 def test_decimal_keeps_its_exponent() -> None:
     value = AmqpDecimal("1.50")
     assert (value.scale, value.unscaled) == (2, 150)
-    assert codec.encode_field_value(value) == b"D\x02" + struct.pack(">i", 150)
-    negative = codec.decode_field_value(b"D\x02" + struct.pack(">i", -150))
+    assert encode_field_value(value) == b"D\x02" + struct.pack(">i", 150)
+    negative = decode_field_value(b"D\x02" + struct.pack(">i", -150))
     assert str(negative) == "-1.50"
 
 
@@ -408,7 +417,7 @@ def test_typed_properties_are_a_drop_in_for_plain_values() -> None:
 
 def test_empty_strings_and_cluster_id_reach_the_wire() -> None:
     props = TypedProperties(content_type="", message_id="", cluster_id="c")
-    decoded = codec.decode_properties(props.marshal())
+    decoded = decode_properties(props.marshal())
     assert (decoded.content_type, decoded.message_id, decoded.cluster_id) == ("", "", "c")
     assert spec.Basic.Properties(content_type="").marshal() == b"\x00\x00"  # pamqp drops ""
 
@@ -416,22 +425,22 @@ def test_empty_strings_and_cluster_id_reach_the_wire() -> None:
 def test_message_id_written_by_aiormq_after_building_does_not_reach_the_wire() -> None:
     props = TypedProperties(headers={"a": Int16(1)})
     props.message_id = "0123456789abcdef0123456789abcdef"  # what basic_publish does
-    assert codec.decode_properties(props.marshal()).message_id is None
+    assert decode_properties(props.marshal()).message_id is None
     kept = TypedProperties(message_id="mine")
     kept.message_id = "changed"
-    assert codec.decode_properties(kept.marshal()).message_id == "changed"
+    assert decode_properties(kept.marshal()).message_id == "changed"
 
 
 def test_header_order_is_kept_not_sorted() -> None:
     table = {"zz": Int8(1), "aa": Int8(2)}
-    assert list(codec.decode_field_table(codec.encode_field_table(table))) == ["zz", "aa"]
+    assert list(decode_field_table(encode_field_table(table))) == ["zz", "aa"]
 
 
 def test_long_keys_up_to_255_bytes_and_not_further() -> None:
     key = "k" * 255
-    assert list(codec.decode_field_table(codec.encode_field_table({key: None}))) == [key]
+    assert list(decode_field_table(encode_field_table({key: None}))) == [key]
     with pytest.raises(ValueError, match="255"):
-        codec.encode_field_table({key + "k": None})
+        encode_field_table({key + "k": None})
 
 
 @pytest.mark.parametrize(
@@ -446,15 +455,15 @@ def test_long_keys_up_to_255_bytes_and_not_further() -> None:
 )
 def test_malformed_tables_raise_value_error(wire: bytes, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
-        codec.decode_field_table(wire)
+        decode_field_table(wire)
 
 
 def test_nesting_is_bounded() -> None:
     deep: Any = None
-    for _ in range(codec.MAX_DEPTH + 1):
+    for _ in range(MAX_DEPTH + 1):
         deep = [deep]
     with pytest.raises(ValueError, match="nested deeper"):
-        codec.encode_field_value(deep)
+        encode_field_value(deep)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -464,50 +473,50 @@ def test_nesting_is_bounded() -> None:
 
 @pytest.fixture
 def hook_state() -> Any:
-    was = codec.is_installed()
+    was = pamqp_hook.is_installed()
     yield
     if was:
-        codec.install()
+        pamqp_hook.install()
     else:
-        codec.uninstall()
+        pamqp_hook.uninstall()
 
 
 def test_install_is_idempotent_and_uninstall_restores(hook_state: None) -> None:
-    codec.uninstall()
+    pamqp_hook.uninstall()
     original = pamqp.frame._unmarshal_header_frame
-    codec.install()
+    pamqp_hook.install()
     hook = pamqp.frame._unmarshal_header_frame
-    codec.install()
+    pamqp_hook.install()
     assert pamqp.frame._unmarshal_header_frame is hook is not original
-    codec.uninstall()
+    pamqp_hook.uninstall()
     assert pamqp.frame._unmarshal_header_frame is original
 
 
 def test_installed_pamqp_passes_the_checks() -> None:
-    assert codec.pamqp_problems() == []
+    assert pamqp_hook.pamqp_problems() == []
 
 
 def test_install_refuses_an_unknown_pamqp(
     hook_state: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    codec.uninstall()
+    pamqp_hook.uninstall()
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "5.0.0")
     with pytest.raises(RmqkitError, match=r"pamqp 5\.0\.0 is not a supported"):
-        codec.install()
-    assert not codec.is_installed()
+        pamqp_hook.install()
+    assert not pamqp_hook.is_installed()
 
 
 def test_install_refuses_a_pamqp_whose_structure_changed(
     hook_state: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    codec.uninstall()
+    pamqp_hook.uninstall()
     monkeypatch.setattr(spec.Basic.Properties, "flags", {"content_type": 1})
     with pytest.raises(RmqkitError, match="flag bits changed"):
-        codec.install()
+        pamqp_hook.install()
 
 
 def test_hook_is_inert_outside_typed_decoding(hook_state: None) -> None:
-    codec.install()
+    pamqp_hook.install()
     frame = content_header_frame(TypedProperties(headers={"k": Int16(5)}))
     _, _, header = pamqp.frame.unmarshal(frame)
     assert isinstance(header, ContentHeader)
@@ -529,7 +538,7 @@ def test_typed_decoding_follows_the_task_that_reads(hook_state: None) -> None:
 
     async def main() -> tuple[type, type]:
         go = asyncio.Event()
-        with codec.typed_decoding():
+        with pamqp_hook.typed_decoding():
             typed_task = asyncio.create_task(reader(asyncio.Event(), go))
         plain_task = asyncio.create_task(reader(asyncio.Event(), go))
         await asyncio.sleep(0)
@@ -563,7 +572,7 @@ def test_typed_decoding_reads_what_pamqp_cannot() -> None:
 
 def test_record_layout() -> None:
     props = TypedProperties(headers={"n": Int16(5)}, message_id="m", timestamp=Timestamp(7))
-    record = codec.message_to_record(props, b"hi", delivery_info={"exchange": "", "queue": "q"})
+    record = records.message_to_record(props, b"hi", delivery_info={"exchange": "", "queue": "q"})
     assert record == {
         "rmqkit_export": 1,
         "delivery": {"exchange": "", "queue": "q"},
@@ -571,24 +580,24 @@ def test_record_layout() -> None:
         "body_text": "hi",
         "body": "aGk=",
     }
-    binary = codec.message_to_record(props, b"\xff", delivery_info={})
+    binary = records.message_to_record(props, b"\xff", delivery_info={})
     assert "body_text" not in binary and binary["body"] == "/w=="
 
 
 def test_strict_export_refuses_types_pamqp_lost() -> None:
     plain = spec.Basic.Properties(headers={"n": 5}, message_id="m")
     with pytest.raises(DataError, match=r"properties\.headers\.n: plain int 5 has lost its AMQP"):
-        codec.message_to_record(plain, b"", delivery_info={})
+        records.message_to_record(plain, b"", delivery_info={})
     stamped = spec.Basic.Properties(timestamp=datetime(2024, 1, 1, tzinfo=UTC))
     with pytest.raises(DataError, match=r"properties\.timestamp"):
-        codec.message_to_record(stamped, b"", delivery_info={})
+        records.message_to_record(stamped, b"", delivery_info={})
 
 
 def test_lenient_export_records_pamqps_choice_and_says_so() -> None:
     plain = spec.Basic.Properties(
         headers={"n": 5, "big": 70000, "f": 0.5}, timestamp=datetime(2024, 1, 1, tzinfo=UTC)
     )
-    record = codec.message_to_record(plain, b"", delivery_info={}, strict=False)
+    record = records.message_to_record(plain, b"", delivery_info={}, strict=False)
     assert record["types"] == "inferred"
     assert record["properties"]["headers"] == {
         "n": {"t": "b", "v": 5},
@@ -600,10 +609,10 @@ def test_lenient_export_records_pamqps_choice_and_says_so() -> None:
 
 
 def test_body_text_alone_is_enough_and_must_agree_with_body() -> None:
-    _, body = codec.record_to_message({"rmqkit_export": 1, "properties": {}, "body_text": "é"})
+    _, body = records.record_to_message({"rmqkit_export": 1, "properties": {}, "body_text": "é"})
     assert body == "é".encode()
     with pytest.raises(DataError, match="body_text: does not match body"):
-        codec.record_to_message(
+        records.record_to_message(
             {"rmqkit_export": 1, "properties": {}, "body": "YQ==", "body_text": "b"}
         )
 
@@ -655,29 +664,29 @@ def line_of(**changes: Any) -> str:
 )
 def test_loads_record_names_the_line_and_the_problem(line: str, problem: str) -> None:
     with pytest.raises(DataError, match=problem) as caught:
-        codec.loads_record(line, 12, source="parked.ndjson")
+        records.loads_record(line, 12, source="parked.ndjson")
     assert str(caught.value).startswith("parked.ndjson:12: ")
     assert caught.value.exit_code == 65
 
 
 def test_loads_record_without_source_says_line() -> None:
     with pytest.raises(DataError, match=r"^line 3: not valid JSON"):
-        codec.loads_record("nope", 3)
+        records.loads_record("nope", 3)
 
 
 def test_dumps_record_escapes_only_when_it_must() -> None:
-    readable = codec.dumps_record(record_of(TypedProperties(message_id="é")))
+    readable = records.dumps_record(record_of(TypedProperties(message_id="é")))
     assert '"message_id":"é"' in readable
-    escaped = codec.dumps_record(record_of(TypedProperties(message_id="é\udcff")))
+    escaped = records.dumps_record(record_of(TypedProperties(message_id="é\udcff")))
     assert '"message_id":"\\u00e9\\udcff"' in escaped
-    assert codec.loads_record(escaped, 1)["properties"]["message_id"] == "é\udcff"
+    assert records.loads_record(escaped, 1)["properties"]["message_id"] == "é\udcff"
     with pytest.raises(DataError, match="not JSON-serialisable"):
-        codec.dumps_record({"x": object()})
+        records.dumps_record({"x": object()})
 
 
 def test_special_floats_are_strings_in_json() -> None:
     for value, text in [(math.inf, "Infinity"), (-math.inf, "-Infinity"), (math.nan, "NaN")]:
-        tagged = codec.value_to_json(Float64(value))
+        tagged = records.value_to_json(Float64(value))
         assert tagged == {"t": "d", "v": text}
-        assert canon(codec.value_from_json(tagged)) == canon(Float64(value))
-    assert json.dumps(codec.value_to_json(Float64(-0.0))) == '{"t": "d", "v": -0.0}'
+        assert canon(records.value_from_json(tagged)) == canon(Float64(value))
+    assert json.dumps(records.value_to_json(Float64(-0.0))) == '{"t": "d", "v": -0.0}'
