@@ -425,13 +425,17 @@ class Consumer:
         )
         extra = {"message_id": props.message_id, "attempt": attempt}
         try:
-            result = await channel.basic_publish(
+            result: Any = await channel.basic_publish(
                 delivered.body,
                 exchange="",
                 routing_key=decision.target_queue,
                 properties=copy,
                 mandatory=True,
             )
+        except aiormq.exceptions.DeliveryError as exc:
+            # Nacked (a full queue with reject-publish) or returned (no such queue), raised
+            # rather than returned by aiormq: the copy does not exist; handled below.
+            result = exc.frame
         except Exception as exc:  # channel gone: the original comes back by itself
             log.warning(
                 "copy to %s not confirmed (%s); the message will be redelivered",

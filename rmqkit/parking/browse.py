@@ -240,27 +240,35 @@ async def _one_pass(
                 await channel.basic_nack(last_tag, multiple=True, requeue=True)
         # Anything delivered after the cancel was never seen: closing returns it.
         await channel.close()
-    if kept_any:
-        await _await_returns(conn, queue, expected=stats.queue_count - stats.taken)
+    if seen:
+        await _await_settled(conn, queue, expected=stats.queue_count - stats.taken)
     return seen
 
 
-async def _await_returns(
+async def _await_settled(
     conn: aiormq.abc.AbstractConnection, queue: str, *, expected: int, deadline_s: float = 5.0
 ) -> None:
-    """Wait (bounded) until the broker has put the returned messages back as ready.
+    """Wait (bounded) until the broker has applied our returns and acks.
 
-    A quorum queue applies returns asynchronously; a command run right after this one (a
-    replay after a list) would otherwise see fewer messages and silently skip the rest.
+    A quorum queue applies them asynchronously: a command run right after this one (a replay
+    after a list) would otherwise see fewer messages and silently skip the rest, and a removed
+    message could still be counted. Stops when the ready count is what we left, or when it has
+    not changed for a few polls (someone else is publishing or consuming).
     """
     loop = asyncio.get_running_loop()
     until = loop.time() + deadline_s
     channel = await conn.channel()
+    last, stable = -1, 0
     try:
         while loop.time() < until:
             declared = await channel.queue_declare(queue, passive=True)
-            if int(declared.message_count or 0) >= expected:
+            count = int(declared.message_count or 0)
+            if count == expected:
                 return
+            stable = stable + 1 if count == last else 0
+            if stable >= 4:
+                return
+            last = count
             await asyncio.sleep(0.05)
     finally:
         await channel.close()

@@ -55,7 +55,7 @@ def _comparable(record: dict[str, Any]) -> str:
 async def _export(vhost: str) -> list[dict[str, Any]]:
     out = io.StringIO()
     await export_parked(broker.settings_for(vhost), PARKING, ParkedFilter(), out)
-    return [json.loads(line) for line in out.getvalue().splitlines()]
+    return [json.loads(line) for line in out.getvalue().split("\n") if line]
 
 
 async def _round_trip(vhost: str, messages: list[tuple[TypedProperties, bytes]]) -> None:
