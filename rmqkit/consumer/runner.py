@@ -155,7 +155,7 @@ class Consumer:
         while not self._stopping:
             order = urls[start:] + urls[:start]
             try:
-                # Exact decoding (rmqkit.broker.codec): pamqp's own decoder fails the whole
+                # Exact decoding (rmqkit.broker.pamqp_hook): pamqp's own decoder fails the whole
                 # connection on header values RabbitMQ accepts (a timestamp past year 9999, a
                 # non-UTF-8 key), which would turn one such message into a reconnect loop.
                 with typed_decoding():

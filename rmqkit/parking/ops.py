@@ -41,7 +41,7 @@ class ParkingSession:
 async def parking_session(settings: Settings, queue: str) -> AsyncIterator[ParkingSession]:
     """Connect, check ``queue`` is browsable (exit 65 if not), and always close.
 
-    The connection decodes headers with their exact AMQP types (rmqkit.broker.codec): an
+    The connection decodes headers with their exact AMQP types (rmqkit.broker.pamqp_hook): an
     export must keep them, a replay should, and pamqp's own decoder fails the whole connection
     on some values RabbitMQ accepts (a timestamp past year 9999, a non-UTF-8 header key).
     """
@@ -245,13 +245,15 @@ async def replay_parked(
                 app_id=props.app_id,
             )
             try:
-                result = await publisher.basic_publish(
+                result: Any = await publisher.basic_publish(
                     message.body,
                     exchange=exchange,
                     routing_key=key,
                     properties=copy,
                     mandatory=True,
                 )
+            except aiormq.exceptions.DeliveryError as exc:
+                result = exc.frame  # a return or a nack, raised rather than returned by aiormq
             except Exception as exc:
                 report.failed += 1
                 report.problems[f"publish failed: {type(exc).__name__}"] += 1

@@ -1,4 +1,4 @@
-"""Export parked messages to NDJSON and import them back, exactly (rmqkit.broker.codec)."""
+"""Export parked messages to NDJSON and import them back, exactly (typed field values)."""
 
 from __future__ import annotations
 
@@ -155,9 +155,11 @@ async def import_records(
             nonlocal done
             properties, body = record_to_message(record)
             try:
-                result = await channel.basic_publish(
+                result: Any = await channel.basic_publish(
                     body, exchange="", routing_key=queue, properties=properties, mandatory=True
                 )
+            except aiormq.exceptions.DeliveryError as exc:
+                result = exc.frame  # a return or a nack, raised rather than returned by aiormq
             except Exception as exc:
                 report.nacked += 1
                 report.problems[f"publish failed: {type(exc).__name__}"] += 1
