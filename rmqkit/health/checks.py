@@ -410,8 +410,10 @@ def growing_without_consumers(inp: DoctorInput) -> list[Finding]:
     for queue in _plain_queues(inp):
         if inp.role(queue.name) in ("wait", "parking"):
             continue
-        ready, consumers = queue.ready, queue.consumers
-        if not ready or consumers != 0:
+        # A sample (AMQP, immediate) beats the management counts, which lag.
+        sample = inp.ready_samples.get(queue.name)
+        ready = sample[1] if sample is not None else queue.ready
+        if not ready or queue.consumers not in (0, None):
             continue
         signs: list[str] = []
         publish = queue.publish_rate
@@ -420,7 +422,6 @@ def growing_without_consumers(inp: DoctorInput) -> list[Finding]:
         growth = queue.growth_rate
         if growth and growth > 0:
             signs.append(f"growing at {growth:.2f}/s")
-        sample = inp.ready_samples.get(queue.name)
         if sample is not None and sample[1] > sample[0]:
             signs.append(f"ready went {sample[0]} → {sample[1]} in {inp.sample_interval_s:g}s")
         if not signs:

@@ -27,8 +27,9 @@ from rmqkit.health.checks import (
 )
 from rmqkit.health.view import Role, Snapshot, classify, read_snapshot
 from rmqkit.settings import Settings
-from rmqkit.topology import Topology, plan_topology
+from rmqkit.topology import Topology
 from rmqkit.topology.expand import Via, expand
+from rmqkit.topology.plan import LiveState, Plan, compute_plan
 
 CheckStatus = Literal["ok", "warning", "critical", "skipped"]
 MAX_SAMPLED_QUEUES = 500  # keep doctor fast on a vhost with thousands of idle queues
@@ -130,15 +131,32 @@ def topology_roles(topology: Topology, snapshot: Snapshot) -> dict[str, tuple[Ro
     return {q.name: (q.role, q.owner) for q in desired.queues}
 
 
+def topology_plan(snapshot: Snapshot, topology: Topology, via: Via) -> Plan:
+    """What `rmqkit plan` reports for ``topology``, computed from the snapshot already read
+    (the same ``compute_plan`` as ``plan_topology``, without a second connection and read)."""
+    live = LiveState(
+        queues={name: q.raw for name, q in snapshot.queues.items()},
+        exchanges={name: x for name, x in snapshot.exchanges.items() if name},
+        bindings=list(snapshot.bindings),
+        policies={str(p.get("name")): p for p in snapshot.policies},
+        operator_policies=list(snapshot.operator_policies),
+    )
+    desired = expand(topology, via=via, broker_version=snapshot.version)
+    return compute_plan(desired, live, source=topology.source, vhost=snapshot.vhost)
+
+
 def idle_growth_candidates(snapshot: Snapshot, roles: dict[str, tuple[Role, str]]) -> list[str]:
-    """Queues with ready messages and no consumer that are meant to be consumed."""
+    """Queues meant to be consumed that have no consumer (their ready counts get sampled).
+
+    Management counts lag; a queue it shows as empty may not be, so ready counts are not
+    used to narrow this down.
+    """
     names = [
         name
         for name, queue in sorted(snapshot.queues.items())
         if not queue.exclusive
         and roles.get(name, ("other", name))[0] not in ("wait", "parking")
-        and (queue.ready or 0) > 0
-        and queue.consumers == 0
+        and queue.consumers in (0, None)
     ]
     return names[:MAX_SAMPLED_QUEUES]
 
@@ -146,18 +164,19 @@ def idle_growth_candidates(snapshot: Snapshot, roles: dict[str, tuple[Role, str]
 async def sample_ready(
     settings: Settings, names: list[str], interval_s: float
 ) -> dict[str, tuple[int, int]]:
-    """Ready counts of ``names`` read twice, ``interval_s`` apart, by AMQP passive declare
-    (immediate, where management counts lag by the stats interval). Queues that vanish in
-    between are left out."""
+    """Ready counts read by AMQP passive declare (immediate, where management counts lag by
+    the stats interval): once for ``names``, then, ``interval_s`` later, again for those that
+    held messages. Empty queues and queues that vanish in between are left out, so a vhost
+    without idle messages costs no wait."""
     if not names:
         return {}
     async with connection(settings, name="rmqkit doctor") as conn:
         channel = await conn.channel()
 
-        async def read() -> dict[str, int]:
+        async def read(queues: list[str]) -> dict[str, int]:
             nonlocal channel
             out: dict[str, int] = {}
-            for name in names:
+            for name in queues:
                 try:
                     declared = await channel.declare_queue(name, passive=True)
                 except Exception:  # 404 closes the channel: the queue went away
@@ -168,9 +187,11 @@ async def sample_ready(
                     out[name] = int(found)
             return out
 
-        before = await read()
+        before = {name: n for name, n in (await read(names)).items() if n > 0}
+        if not before:
+            return {}
         await asyncio.sleep(interval_s)
-        after = await read()
+        after = await read(sorted(before))
     return {name: (before[name], after[name]) for name in before if name in after}
 
 
@@ -203,7 +224,7 @@ async def run_doctor(
         samples = await sample_ready(
             settings, idle_growth_candidates(snapshot, roles), sample_interval_s
         )
-    plan = await plan_topology(settings, topology, via=via) if topology is not None else None
+    plan = topology_plan(snapshot, topology, via) if topology is not None else None
     inp = DoctorInput(
         snapshot=snapshot,
         roles=roles,
@@ -233,6 +254,7 @@ __all__ = [
     "run_checks",
     "run_doctor",
     "sample_ready",
+    "topology_plan",
     "topology_roles",
     "worst_severity",
 ]

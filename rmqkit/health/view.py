@@ -9,6 +9,7 @@ that never saw a message); every accessor returns None for a number it cannot kn
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -335,14 +336,14 @@ def classify(
 
 async def read_snapshot(api: ManagementClient) -> Snapshot:
     """Fetch the vhost's queues, exchanges, bindings, policies and stats (management API)."""
-    overview = await api.overview()
+    # Seven independent reads, in flight together.
+    lists = asyncio.gather(
+        api.policies(), api.operator_policies(), api.queues(), api.exchanges(), api.bindings()
+    )
+    overview, info, (policies, operator, raw_queues, exchanges, bindings) = await asyncio.gather(
+        api.overview(), api.vhost_info(), lists
+    )
     version = parse_version(str(overview.get("rabbitmq_version") or "0.0.0"))
-    info = await api.vhost_info()
-    policies = await api.policies()
-    operator = await api.operator_policies()
-    raw_queues = await api.queues()
-    exchanges = await api.exchanges()
-    bindings = await api.bindings()
     stats = info.get("message_stats")
     return Snapshot(
         vhost=api.vhost,
