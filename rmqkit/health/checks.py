@@ -8,82 +8,22 @@ each check, why it matters and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from rmqkit.health.view import QUORUM_DEFAULT_DELIVERY_LIMIT_4X, QueueView, Role, Snapshot, count
-from rmqkit.topology.plan import Plan
+from rmqkit.consumer.config import BROKER_CONSUMER_TIMEOUT_S
+from rmqkit.health.findings import (
+    SEVERITY_RANK,
+    Check,
+    CheckSkipped,
+    DoctorInput,
+    Finding,
+    Severity,
+)
+from rmqkit.health.view import QUORUM_DEFAULT_DELIVERY_LIMIT_4X, QueueView, count
 
-Severity = Literal["ok", "warning", "critical"]
-SEVERITY_RANK: dict[str, int] = {"ok": 0, "warning": 1, "critical": 2}
-# RabbitMQ's consumer (ack) timeout when rabbitmq.conf does not set consumer_timeout.
-BROKER_DEFAULT_CONSUMER_TIMEOUT_S = 1800.0
+# Per-queue consumer timeouts (x-consumer-timeout / policy key) exist since 3.12; before that
+# only rabbitmq.conf's consumer_timeout (default BROKER_CONSUMER_TIMEOUT_S) applies.
 PER_QUEUE_CONSUMER_TIMEOUT_SINCE = (3, 12, 0)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem: which check found it, how bad, on what, what shows it, how to fix it."""
-
-    check: str
-    severity: Severity
-    kind: str  # queue | exchange | policy | operator-policy | vhost | binding
-    object: str
-    evidence: str
-    fix: str
-
-    def as_dict(self) -> dict[str, str]:
-        """JSON-ready form."""
-        return {
-            "check": self.check,
-            "severity": self.severity,
-            "kind": self.kind,
-            "object": self.object,
-            "evidence": self.evidence,
-            "fix": self.fix,
-        }
-
-
-class CheckSkipped(Exception):
-    """A check could not run; the message says why (e.g. the broker keeps no stats)."""
-
-
-@dataclass(frozen=True)
-class DoctorInput:
-    """Everything the checks look at, fetched beforehand so the checks stay pure."""
-
-    snapshot: Snapshot
-    roles: dict[str, tuple[Role, str]]  # queue → (role, its work queue)
-    handler_timeout_s: float = 30.0
-    handler_timeout_source: str = "the consumer's default"
-    handler_timeouts: dict[str, tuple[float, str]] = field(default_factory=dict)  # per queue
-    ready_samples: dict[str, tuple[int, int]] = field(default_factory=dict)  # before, after
-    sample_interval_s: float = 0.0
-    plan: Plan | None = None
-
-    def role(self, name: str) -> Role:
-        """The role of queue ``name`` ("other" if unknown)."""
-        return self.roles.get(name, ("other", name))[0]
-
-    def queues_with_role(self, role: Role) -> list[QueueView]:
-        """The queues of one role, by name."""
-        return [q for name, q in sorted(self.snapshot.queues.items()) if self.role(name) == role]
-
-    def handler_timeout_for(self, queue: str) -> tuple[float, str]:
-        """The handler timeout the consumer of ``queue`` runs with, and where it comes from."""
-        return self.handler_timeouts.get(
-            queue, (self.handler_timeout_s, self.handler_timeout_source)
-        )
-
-
-@dataclass(frozen=True)
-class Check:
-    """A check of the reliability checklist."""
-
-    id: str
-    title: str
-    run: Callable[[DoctorInput], list[Finding]]
 
 
 def _seconds(value: float) -> str:
@@ -330,6 +270,8 @@ def classic_mirrored_policies(inp: DoctorInput) -> list[Finding]:
 # --- 6. transient messages in durable queues -------------------------------------------------
 def transient_messages(inp: DoctorInput) -> list[Finding]:
     """A durable queue survives a restart; its transient (delivery_mode 1) messages do not."""
+    if inp.snapshot.stats_disabled:
+        raise CheckSkipped("the broker keeps no message counts (management.disable_stats)")
     found: list[Finding] = []
     for queue in _plain_queues(inp):
         if not queue.durable:
@@ -474,7 +416,7 @@ def handler_timeout_above_consumer_timeout(inp: DoctorInput) -> list[Finding]:
     per_queue = inp.snapshot.version >= PER_QUEUE_CONSUMER_TIMEOUT_SINCE
     for queue in inp.queues_with_role("work"):
         handler_s, handler_source = inp.handler_timeout_for(queue.name)
-        consumer_s = BROKER_DEFAULT_CONSUMER_TIMEOUT_S
+        consumer_s = BROKER_CONSUMER_TIMEOUT_S
         consumer_source = (
             "the broker default; consumer_timeout in rabbitmq.conf can change it, and this "
             "check cannot read it"

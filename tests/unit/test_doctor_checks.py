@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,9 @@ def test_transient_messages_only_when_counts_say_so() -> None:
     assert check(snapshot([queue("c", "classic", messages=4)]), "transient-messages") == []
     non_durable = {**transient, "durable": False}
     assert check(snapshot([non_durable]), "transient-messages") == []
+    blind = replace(snapshot([transient]), stats_disabled=True)
+    (result,) = [r for r in run_checks(DoctorInput(blind, {})) if r.id == "transient-messages"]
+    assert (result.status, result.findings) == ("skipped", [])
 
 
 def test_unroutable_dropped_names_the_exchange_without_alternate() -> None:

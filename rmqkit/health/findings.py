@@ -1,0 +1,91 @@
+"""What a doctor check produces and reads: findings, severities, and the input bundle.
+
+Kept apart from the checks themselves (``rmqkit.health.checks``) so that the report, the
+CLI and tests can use these types without the checklist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rmqkit.health.view import QueueView, Role, Snapshot
+from rmqkit.topology.plan import Plan
+
+Severity = Literal["ok", "warning", "critical"]
+SEVERITY_RANK: dict[str, int] = {"ok": 0, "warning": 1, "critical": 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: which check found it, how bad, on what, what shows it, how to fix it."""
+
+    check: str
+    severity: Severity
+    kind: str  # queue | exchange | policy | operator-policy | vhost | binding
+    object: str
+    evidence: str
+    fix: str
+
+    def as_dict(self) -> dict[str, str]:
+        """JSON-ready form."""
+        return {
+            "check": self.check,
+            "severity": self.severity,
+            "kind": self.kind,
+            "object": self.object,
+            "evidence": self.evidence,
+            "fix": self.fix,
+        }
+
+
+class CheckSkipped(Exception):
+    """A check could not run; the message says why (e.g. the broker keeps no stats)."""
+
+
+@dataclass(frozen=True)
+class DoctorInput:
+    """Everything the checks look at, fetched beforehand so the checks stay pure."""
+
+    snapshot: Snapshot
+    roles: dict[str, tuple[Role, str]]  # queue → (role, its work queue)
+    handler_timeout_s: float = 30.0
+    handler_timeout_source: str = "the consumer's default"
+    handler_timeouts: dict[str, tuple[float, str]] = field(default_factory=dict)  # per queue
+    ready_samples: dict[str, tuple[int, int]] = field(default_factory=dict)  # before, after
+    sample_interval_s: float = 0.0
+    plan: Plan | None = None
+
+    def role(self, name: str) -> Role:
+        """The role of queue ``name`` ("other" if unknown)."""
+        return self.roles.get(name, ("other", name))[0]
+
+    def queues_with_role(self, role: Role) -> list[QueueView]:
+        """The queues of one role, by name."""
+        return [q for name, q in sorted(self.snapshot.queues.items()) if self.role(name) == role]
+
+    def handler_timeout_for(self, queue: str) -> tuple[float, str]:
+        """The handler timeout the consumer of ``queue`` runs with, and where it comes from."""
+        return self.handler_timeouts.get(
+            queue, (self.handler_timeout_s, self.handler_timeout_source)
+        )
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check of the reliability checklist."""
+
+    id: str
+    title: str
+    run: Callable[[DoctorInput], list[Finding]]
+
+
+__all__ = [
+    "SEVERITY_RANK",
+    "Check",
+    "CheckSkipped",
+    "DoctorInput",
+    "Finding",
+    "Severity",
+]
