@@ -257,9 +257,15 @@ def classic_mirrored_policies(inp: DoctorInput) -> list[Finding]:
                     "warning",
                     kind,
                     str(policy.get("name", "")),
-                    f"{kind} (pattern {policy.get('pattern')!r}) sets {shown}: classic "
-                    "mirrored queues are deprecated, lose unsynchronised messages on failover, "
-                    "and RabbitMQ 4.0 removes them",
+                    f"{kind} (pattern {policy.get('pattern')!r}) sets {shown}: "
+                    + (
+                        "RabbitMQ 4.x removed classic queue mirroring, so these keys have no "
+                        "effect and the matching queues have a single replica"
+                        if inp.snapshot.version >= (4, 0, 0)
+                        else "classic mirrored queues are deprecated, lose unsynchronised "
+                        "messages on failover, and have no effect from RabbitMQ 4.0 on (the "
+                        "queues keep one replica)"
+                    ),
                     "move the matching queues to quorum queues (declare new ones, shovel the "
                     "messages, switch consumers), then delete the policy's ha-* keys",
                 )
