@@ -9,7 +9,7 @@ from rich.table import Table
 
 from rmqkit.cli.common import run_async, settings_from
 from rmqkit.cli.render import print_json, stdout
-from rmqkit.cli.topology import VIA_OPT, ViaChoice
+from rmqkit.cli.topology import ViaChoice
 from rmqkit.durations import parse_duration_ms
 from rmqkit.errors import UsageError
 from rmqkit.health.doctor import DoctorReport, run_doctor
@@ -38,7 +38,11 @@ def doctor(
         help="Topology file: also report where the broker is out of sync with it (as `plan`), "
         "and take queue roles and handler timeouts from it.",
     ),
-    via: ViaChoice = VIA_OPT,
+    via: ViaChoice = typer.Option(
+        ViaChoice.policy,
+        "--via",
+        help="How the topology file was declared (`rmqkit declare --via`), for --topology.",
+    ),
     handler_timeout: str | None = typer.Option(
         None,
         "--handler-timeout",
