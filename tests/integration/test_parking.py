@@ -247,6 +247,10 @@ def _declare_plain_quorum(vhost: str, name: str) -> None:
     broker.api("PUT", f"/queues/{broker.q(vhost)}/{broker.q(name)}", json=body_)
 
 
+def _held(vhost: str, target: str) -> int:
+    return sum(count or 0 for count in broker.depths(vhost, [PARKING, target]).values())
+
+
 def test_kill_9_of_replay_never_loses_a_message(parked: Parked) -> None:
     v = parked.vhost
     target = "replay.target"
@@ -277,6 +281,9 @@ def test_kill_9_of_replay_never_loses_a_message(parked: Parked) -> None:
         time.sleep(rng.uniform(0.8, 1.6))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
+        # The broker returns what the dead connection held asynchronously: let it settle.
+        # Every id is in one queue or both once settled: parking + target hold at least N.
+        wait_until(lambda: _held(v, target) >= N, timeout_s=15)
         in_parking = _ids(v, "--reason", "exhausted")
         in_target = {
             m["message_id"]
@@ -308,6 +315,25 @@ def test_a_parking_queue_with_a_delivery_limit_is_refused(parked: Parked) -> Non
         line = result.stderr.strip()
         assert "delivery limit of 5" in line and "fix:" in line and "\n" not in line
     assert broker.depths(v, [name])[name] == 1
+
+
+def test_unroutable_replay_stays_parked_and_exits_3(parked: Parked) -> None:
+    v = parked.vhost
+    some = sorted(parked.ids(kind="undecodable"))[:5]
+    id_args = [arg for mid in some for arg in ("--id", mid)]
+    result = broker.cli(
+        "parking",
+        "replay",
+        PARKING,
+        *id_args,
+        "--routing-key",
+        "no.such.queue",
+        vhost=v,
+        timeout=120,
+    )
+    assert result.returncode == 3, result.stderr
+    assert "returned 5" in result.stderr and "unroutable" in result.stderr
+    assert _ids(v, *id_args) == set(some)  # still parked
 
 
 def test_purge_filtered_with_dry_run_and_yes(parked: Parked) -> None:
