@@ -9,7 +9,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
-from rmqkit.errors import AccessRefused, BrokerError, BrokerUnavailable, ConfigError, DataError
+from rmqkit.errors import AccessRefused, BrokerError, BrokerUnavailable, DataError
 from rmqkit.settings import Settings, mask_url
 
 
@@ -81,9 +81,13 @@ class ManagementClient:
                 f"management API refused {method} {path}: the user needs the management tag "
                 "(policymaker or administrator for policies)"
             )
-        if status == 404 and path.startswith(("/vhosts/", "/queues/", "/exchanges/")):
-            raise ConfigError(
-                f"management API: {path} not found (does vhost {self.vhost!r} exist?)"
+        if status == 404 and path.startswith(
+            ("/vhosts/", "/queues/", "/exchanges/", "/bindings/", "/policies/")
+        ):
+            # Same exit code as AMQP's refusal of a vhost (77): missing or not visible to us.
+            raise AccessRefused(
+                f"management API: vhost {self.vhost!r} does not exist or this user cannot see "
+                "it — create it or grant access (rabbitmqctl set_permissions)"
             )
         if status == 400:
             raise DataError(f"management API rejected {method} {path}: {_reason(response)}")
