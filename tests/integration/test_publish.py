@@ -103,13 +103,16 @@ def test_a_full_bounded_queue_is_reported_busy_and_loses_no_confirmed_message(
 ) -> None:
     vhost = fresh_vhost()
     _declare(vhost, tmp_path, BOUNDED)
-    result = _publish(vhost, "".join(f"{i}\n" for i in range(25)), "jobs", "job", "--json")
+    # A quorum queue tells its publishers it is full asynchronously, so a burst can overshoot
+    # the bound a little; what must hold: the broker refuses the rest, the command says busy
+    # (69), and the queue holds exactly the messages reported confirmed.
+    result = _publish(vhost, "".join(f"{i}\n" for i in range(300)), "jobs", "job", "--json")
     assert result.returncode == 69, result.stderr
     report = json.loads(result.stdout)
-    assert report["confirmed"] == 10 and report["nacked"] == 15
+    assert report["nacked"] > 0 and report["confirmed"] + report["nacked"] == 300
     assert "broker busy" in result.stderr and "--retry-busy" in result.stderr
     queued = broker.drain(vhost, "jobs.work")
-    assert len(queued) == 10  # exactly the confirmed ones
+    assert len(queued) == report["confirmed"]  # exactly the confirmed ones
 
     # With --retry-busy and a consumer draining the queue, everything gets through.
     stop = threading.Event()
