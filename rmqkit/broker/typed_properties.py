@@ -214,3 +214,27 @@ __all__ = [
     "TypedProperties",
     "decode_properties",
 ]
+
+
+def copy_properties(
+    original: spec.Basic.Properties, headers: Mapping[str, FieldValue]
+) -> TypedProperties:
+    """Properties for a copy of a delivered message (retry, park, replay): persistent, the same
+    ``message_id`` and metadata, ``headers`` replaced.
+
+    No ``expiration``: a copy must not expire in a wait or parking queue. No ``user_id``: the
+    broker refuses one that is not the publishing user's (406 closes the channel).
+    """
+    return TypedProperties(
+        content_type=original.content_type,
+        content_encoding=original.content_encoding,
+        headers=headers,
+        delivery_mode=2,
+        priority=original.priority,
+        correlation_id=original.correlation_id,
+        reply_to=original.reply_to,
+        message_id=original.message_id,
+        timestamp=original.timestamp,
+        message_type=original.message_type,
+        app_id=original.app_id,
+    )

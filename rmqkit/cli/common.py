@@ -8,7 +8,8 @@ from typing import Any, TypeVar
 
 import typer
 
-from rmqkit.errors import Interrupted
+from rmqkit.durations import parse_duration_ms
+from rmqkit.errors import Interrupted, UsageError
 from rmqkit.settings import Settings, load_settings
 
 T = TypeVar("T")
@@ -26,3 +27,13 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     except KeyboardInterrupt:
         raise Interrupted("interrupted") from None
+
+
+def seconds_option(text: str | None, flag: str) -> float | None:
+    """A duration flag (``30s``, ``1h``) in seconds; a bad one is a usage error (exit 2)."""
+    if text is None:
+        return None
+    try:
+        return parse_duration_ms(text) / 1000
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None

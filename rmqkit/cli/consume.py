@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from rmqkit.broker.management import management
-from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.common import run_async, seconds_option, settings_from
 from rmqkit.consumer.config import (
     ConsumerConfig,
     ConsumerFlags,
@@ -18,8 +18,6 @@ from rmqkit.consumer.config import (
 )
 from rmqkit.consumer.handler import load_handler
 from rmqkit.consumer.supervisor import run_supervised
-from rmqkit.durations import parse_duration_ms
-from rmqkit.errors import UsageError
 from rmqkit.settings import Settings
 from rmqkit.topology import load_topology
 from rmqkit.topology.model import Topology
@@ -76,9 +74,9 @@ def consume(
     flags = ConsumerFlags(
         prefetch=prefetch,
         concurrency=concurrency,
-        handler_timeout_s=_seconds(handler_timeout, "--handler-timeout"),
+        handler_timeout_s=seconds_option(handler_timeout, "--handler-timeout"),
         max_attempts=max_attempts,
-        grace_s=_seconds(grace, "--grace"),
+        grace_s=seconds_option(grace, "--grace"),
         metrics_port=metrics_port,
         log_format="json" if log_format == LogFormat.json else "text",
         permanent_errors=tuple(permanent_error),
@@ -86,15 +84,6 @@ def consume(
     spec = load_topology(topology) if topology is not None else None
     config = run_async(_resolve(settings, handler, queue, flags, spec))
     raise typer.Exit(run_supervised(settings, config, processes))
-
-
-def _seconds(text: str | None, flag: str) -> float | None:
-    if text is None:
-        return None
-    try:
-        return parse_duration_ms(text) / 1000
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
 
 
 async def _resolve(

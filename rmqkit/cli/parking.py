@@ -12,9 +12,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.common import run_async, seconds_option, settings_from
 from rmqkit.cli.render import stderr, stdout
-from rmqkit.durations import parse_duration_ms
 from rmqkit.errors import DataError, ExitCode, PartialSuccess, UsageError
 from rmqkit.parking.model import ParkedFilter, ParkedMessage, json_safe, redact_body, redact_value
 from rmqkit.parking.ops import (
@@ -64,15 +63,6 @@ def _queue(name: str | None, topology: Path | None, work: str | None) -> tuple[s
     )
 
 
-def _seconds(text: str | None, flag: str) -> float | None:
-    if text is None:
-        return None
-    try:
-        return parse_duration_ms(text) / 1000
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-
-
 def _filter(
     reason: list[str],
     error_type: str | None,
@@ -93,8 +83,8 @@ def _filter(
         reasons=frozenset(reason),
         error_type=error_type,
         origin=origin,
-        older_than_s=_seconds(older_than, "--older-than"),
-        newer_than_s=_seconds(newer_than, "--newer-than"),
+        older_than_s=seconds_option(older_than, "--older-than"),
+        newer_than_s=seconds_option(newer_than, "--newer-than"),
         headers=tuple(pairs),
         ids=frozenset(ids),
         grep=grep.encode() if grep else None,
@@ -273,7 +263,7 @@ def stats_cmd(
     name, _ = _queue(queue, topology, work)
     flt = _filter(reason, error_type, origin, older_than, newer_than, header, ids, grep)
     result = run_async(parking_stats(settings, name, flt))
-    age_limit = _seconds(max_age, "--max-age")
+    age_limit = seconds_option(max_age, "--max-age")
     status = 0
     why: list[str] = []
     if max_count is not None:

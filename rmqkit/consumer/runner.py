@@ -28,7 +28,7 @@ from pamqp import commands as spec
 from rmqkit.broker.amqp import connect
 from rmqkit.broker.fieldtypes import Timestamp
 from rmqkit.broker.pamqp_hook import typed_decoding
-from rmqkit.broker.typed_properties import TypedProperties
+from rmqkit.broker.typed_properties import copy_properties
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.config import ConsumerConfig
@@ -408,21 +408,7 @@ class Consumer:
     ) -> None:
         props = delivered.header.properties
         channel = delivered.channel
-        copy = TypedProperties(
-            content_type=props.content_type,
-            content_encoding=props.content_encoding,
-            headers=decision.headers,
-            delivery_mode=_PERSISTENT,
-            priority=props.priority,
-            correlation_id=props.correlation_id,
-            reply_to=props.reply_to,
-            # no expiration: a copy must not expire in a wait or parking queue; no user_id: the
-            # broker rejects one that is not the publishing user's (406 closes the channel).
-            message_id=props.message_id,
-            timestamp=props.timestamp,
-            message_type=props.message_type,
-            app_id=props.app_id,
-        )
+        copy = copy_properties(props, decision.headers)
         extra = {"message_id": props.message_id, "attempt": attempt}
         try:
             result: Any = await channel.basic_publish(

@@ -223,9 +223,8 @@ async def _one_pass(
             if len(acks) >= 256:
                 await _ack_each(channel, acks)
     finally:
-        # Stop deliveries first, or the returned messages would come straight back to us.
-        with contextlib.suppress(Exception):
-            await channel.basic_cancel(str(consume_ok.consumer_tag))
+        # Settle what the visitor took first, while the consumer still exists: on 3.10 acks
+        # sent after basic.cancel were seen not to apply to some quorum-queue messages.
         if settle is not None:
             await settle()
         if pending:
@@ -235,9 +234,12 @@ async def _one_pass(
                 on_settled(tag, future)
         if not channel.is_closed:
             await _ack_each(channel, acks)
-            if kept_any and last_tag:
-                # Every outstanding tag up to last_tag is one we keep: the taken ones are acked.
-                await channel.basic_nack(last_tag, multiple=True, requeue=True)
+        # Then stop deliveries, or the returned messages would come straight back to us.
+        with contextlib.suppress(Exception):
+            await channel.basic_cancel(str(consume_ok.consumer_tag))
+        if kept_any and last_tag and not channel.is_closed:
+            # Every outstanding tag up to last_tag is one we keep: the taken ones are acked.
+            await channel.basic_nack(last_tag, multiple=True, requeue=True)
         # Anything delivered after the cancel was never seen: closing returns it.
         await channel.close()
     if seen:

@@ -18,7 +18,7 @@ from rmqkit import headers as h
 from rmqkit.broker.amqp import connect, server_version
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.pamqp_hook import typed_decoding
-from rmqkit.broker.typed_properties import TypedProperties
+from rmqkit.broker.typed_properties import copy_properties
 from rmqkit.parking.browse import BrowseStats, Verdict, browse, check_browsable
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.settings import Settings
@@ -231,19 +231,7 @@ async def replay_parked(
 
         async def send(message: ParkedMessage, exchange: str, key: str) -> bool:
             props = message.properties
-            copy = TypedProperties(
-                content_type=props.content_type,
-                content_encoding=props.content_encoding,
-                headers=replay_headers(message.headers, now),
-                delivery_mode=2,
-                priority=props.priority,
-                correlation_id=props.correlation_id,
-                reply_to=props.reply_to,
-                message_id=props.message_id,
-                timestamp=props.timestamp,
-                message_type=props.message_type,
-                app_id=props.app_id,
-            )
+            copy = copy_properties(props, replay_headers(message.headers, now))
             try:
                 result: Any = await publisher.basic_publish(
                     message.body,
