@@ -142,7 +142,7 @@ class Node:
             f"listeners.tcp.default = {self.port}\n"
             "loopback_users.guest = true\n"
             # Management lists (connections, queue leaders) a little fresher than the 5 s default.
-            "collect_statistics_interval = 1000\n"
+            "collect_statistics_interval = 500\n"
         )
         _chown_rabbitmq(self.base)
 
@@ -288,8 +288,8 @@ class Cluster:
         self._started = True
         for node in self.nodes.values():
             node.prepare()
-        for node in self.nodes.values():
-            self._spawn(node)
+        _parallel([lambda n=node: self._spawn(n) for node in self.nodes.values()])
+        self.timings["spawned_s"] = time.monotonic() - began
         _parallel([lambda s=short: self.await_startup(s) for short in NAMES])
         self.timings["nodes_up_s"] = time.monotonic() - began
         seed = self.nodes["rmqa"].name
@@ -302,14 +302,18 @@ class Cluster:
             rabbitmqctl(self.nodes[short].name, "start_app")  # returns once the app runs
 
         _parallel([lambda s=short: join(s) for short in ("rmqb", "rmqc")])
+        self.timings["joined_s"] = time.monotonic() - began
         rabbitmqctl(seed, "enable_feature_flag", "all")
-        members = self.running_nodes()
-        if members != {n.name for n in self.nodes.values()}:
-            raise RuntimeError(f"cluster did not form: running nodes {members}")
         for node in self.nodes.values():
             self.await_management(node.short)
+        members = {name for name, row in self.nodes_state().items() if row.get("running")}
+        if members != set(NAMES):
+            raise RuntimeError(f"cluster did not form: running nodes {members}")
         self.timings["cluster_formed_s"] = time.monotonic() - began
-        self._log(f"fault cluster up in {self.timings['cluster_formed_s']:.1f}s: {self.base}")
+        self._log(
+            f"fault cluster up in {self.timings['cluster_formed_s']:.1f}s "
+            f"({', '.join(f'{k} {v:.1f}' for k, v in self.timings.items())}): {self.base}"
+        )
         return self
 
     @classmethod

@@ -34,6 +34,7 @@ from tests.faults.cluster import (
     ClusterConsumer,
     ClusterUnavailable,
     poll,
+    q,
 )
 from tests.faults.idempotent_handlers import clear_switch, set_switch
 from tests.faults.ledger import Ledger, LedgerReport, check
@@ -56,6 +57,7 @@ delivery_limit = 50
 prefetch = 50
 """
 CONSUMER = ("--processes", "2", "--prefetch", "20", "--grace", "20s")
+OBSERVED: dict[str, Any] = {}  # what one scenario saw, for the xfail check at the end
 SCALE_TIMEOUT = max(1.0, N / 2_000)  # waits grow with the count
 
 
@@ -77,6 +79,19 @@ def jobs(n: int, kind: str, **fields: Any) -> list[Job]:
     return out
 
 
+def stable(read: Callable[[], int], timeout_s: float = 30, interval_s: float = 1.0) -> int:
+    """A reading that came back the same twice in a row, ``interval_s`` apart."""
+    deadline = time.monotonic() + timeout_s
+    last = read()
+    while time.monotonic() < deadline:
+        time.sleep(interval_s)
+        value = read()
+        if value == last and value >= 0:
+            return value
+        last = value
+    return last
+
+
 class Scenario:
     """One scenario: its vhost on the cluster, its ledger, its consumers and publishers."""
 
@@ -94,6 +109,7 @@ class Scenario:
         self.wait_queues: list[str] = []
         self.copies = 0  # parked messages (an id parked twice counts twice)
         self.timeline: list[str] = []
+        self._publishing: dict[int, int] = {}  # pid → messages, of background publishers
         self.restarts: list[threading.Thread] = []
         self.restart_errors: list[BaseException] = []
 
@@ -181,17 +197,20 @@ class Scenario:
         self, items: list[Job], *, first: str | None = None, window: int | None = None
     ) -> int:
         """`rmqkit publish --ndjson --json`: every message confirmed (exit 0)."""
-        for job in items:
-            self.ledger.add([job.message_id], job.kind)
-        args = ["publish", EXCHANGE, KEY, "--ndjson", "--json"]
-        if window:
-            args += ["--window", str(window)]
-        stdin = "\n".join(job.line() for job in items) + "\n"
-        result = self.cli(*args, first=first, stdin=stdin, timeout=120 * SCALE_TIMEOUT)
-        self.phase(f"published {len(items)}")
-        assert result.returncode == 0, result.stderr
-        summary = json.loads(result.stdout.strip().splitlines()[-1])
-        assert summary["confirmed"] == len(items), summary
+        return self.published(self.publish_background(items, first=first, window=window))
+
+    def published(self, publisher: subprocess.Popen[str]) -> int:
+        """Wait for a background `rmqkit publish`: exit 0, every message confirmed."""
+        try:
+            out, err = publisher.communicate(timeout=120 * SCALE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            publisher.kill()
+            pytest.fail(f"{self.name}: rmqkit publish did not finish")
+        count = self._publishing.pop(publisher.pid)
+        self.phase(f"published {count}")
+        assert publisher.returncode == 0, err
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert summary["confirmed"] == count, summary
         self.ledger.confirmed_reported += summary["confirmed"]
         return int(summary["confirmed"])
 
@@ -203,9 +222,11 @@ class Scenario:
         args = ["publish", EXCHANGE, KEY, "--ndjson", "--json"]
         if window:
             args += ["--window", str(window)]
-        return self.cli_background(
+        proc = self.cli_background(
             *args, first=first, stdin="\n".join(job.line() for job in items) + "\n"
         )
+        self._publishing[proc.pid] = len(items)
+        return proc
 
     # --- consuming -----------------------------------------------------------------------------
     def consume(self, *args: str, first: str | None = None) -> ClusterConsumer:
@@ -353,7 +374,7 @@ def test_consumer_kill_9_five_times(sc: Scenario) -> None:
     """Five SIGKILLs mid-batch: the 1st, 3rd and 5th kill one worker (the supervisor replaces
     it), the 2nd and 4th the whole consumer, supervisor and workers (a new one is started)."""
     consumer = sc.consume()
-    sc.publish(jobs(N, "good"))
+    sc.published(sc.publish_background(jobs(N, "good")))
     for k in range(5):
         target = N * (k + 1) // 7
         sc.wait_processed(None, target, 60, f"{target} processed before kill {k + 1}")
@@ -378,13 +399,14 @@ def test_consumer_kill_9_five_times(sc: Scenario) -> None:
 
 # --- 2. restart of the consumer's node
 def test_restart_of_the_consumers_node(sc: Scenario) -> None:
+    sc.brake(True)
     sc.consume(first="rmqb")
+    publisher = sc.publish_background(jobs(N, "good"))
     # The node the consumer is connected to, from the management API's connections list.
     sc.wait(lambda: sc.consumer_nodes(), 30, "the consumer's connections listed")
     [node] = sc.consumer_nodes()
-    sc.brake(True)
-    sc.publish(jobs(N, "good"))
-    sc.wait_processed(None, N // 10, 60, "consumption under way")
+    sc.published(publisher)
+    sc.wait_processed(None, N // 20, 60, "consumption under way")
     sc.cluster.stop_app(node)
     sc.phase(f"stop_app {node}")
     stopped_at = sc.processed()
@@ -411,10 +433,9 @@ def test_restart_of_the_consumers_node(sc: Scenario) -> None:
 # --- 3. forced connection close
 def test_forced_connection_close(sc: Scenario) -> None:
     consumer = sc.consume()
-    sc.wait(lambda: sc.consumer_nodes(), 30, "the consumer's connections listed")
-    sc.publish(jobs(N, "good"))
-    for k in range(3):
-        sc.wait_processed(None, N * (k + 1) // 5, 60, f"consumption before close {k + 1}")
+    sc.published(sc.publish_background(jobs(N, "good")))
+    for k in range(2):
+        sc.wait_processed(None, N * (k + 1) // 4, 60, f"consumption before close {k + 1}")
         # The management API lists a new connection after its stats interval: poll.
         sc.wait(
             lambda: sc.cluster.close_connections(sc.vhost, "rmqkit consume") > 0,
@@ -426,6 +447,14 @@ def test_forced_connection_close(sc: Scenario) -> None:
     output = consumer.output()
     assert "connection lost" in output and "reconnecting" in output, output[-2000:]
     assert "died" not in output  # recovered in-process, not by a supervisor restart
+    # The consumers' prefetch as the broker applies it (checked by the xfail test below).
+    rows = sc.cluster.api("GET", f"/consumers/{q(sc.vhost)}").json()
+    OBSERVED["prefetch_after_reconnect"] = {int(r.get("prefetch_count", -1)) for r in rows}
+    OBSERVED["left_cautious_logged"] = "left cautious mode" in output
+    sc.ledger.note(
+        f"prefetch after the reconnects (broker's view): {OBSERVED['prefetch_after_reconnect']}"
+        f" (configured 20; 'left cautious mode' logged: {OBSERVED['left_cautious_logged']})"
+    )
     sc.finish()
 
 
@@ -438,11 +467,12 @@ def test_leader_node_stopped_during_consumption_and_during_replay(sc: Scenario) 
 
     # (a) during consumption: the consumer is connected to the leader's node (its URL first).
     leader = sc.cluster.leader(sc.vhost, WORK)
-    consumer = sc.consume(first=leader)
-    sc.listed_on(leader)
     sc.brake(True)
-    sc.publish(mixed)
-    sc.wait_processed("good", N // 10, 60, "consumption under way")
+    consumer = sc.consume(first=leader)
+    publisher = sc.publish_background(mixed)
+    sc.listed_on(leader)
+    sc.published(publisher)
+    sc.wait_processed("good", N // 20, 60, "consumption under way")
     sc.cluster.stop_app(leader)
     sc.phase(f"(a) stop_app {leader}")
     stopped_at = sc.processed()
@@ -465,20 +495,21 @@ def test_leader_node_stopped_during_consumption_and_during_replay(sc: Scenario) 
     assert stopped_at < N
     sc.wait_processed("good", N, 120, "every good message processed")
     sc.wait(lambda: sc.depth(PARKING) >= len(parks), 60, "the failing ones parked")
-    assert consumer.stop(timeout=60) == 0
 
     # (b) during a parking replay: the downstream is fixed, the parked ones go back.
     set_switch(sc.ledger.path, "fixed")
     sc.nodes_back()  # two nodes of three must stay up: wait for the first one's return
     leader = sc.cluster.leader(sc.vhost, WORK)
     other = next(s for s in NAMES if s != leader)
-    sc.consume(first=leader)
-    sc.listed_on(leader)
     sc.brake(True)
     rate = max(20, len(parks) // 5)  # about five seconds of replay
     replay = sc.cli_background(
         "parking", "replay", PARKING, "--rate", str(rate), "--json", first=other
     )
+    if sc.consumer_nodes() != {leader}:  # a consumer on the leader's node, to fail over again
+        assert consumer.stop(timeout=60) == 0
+        sc.consume(first=leader)
+        sc.listed_on(leader)
     sc.wait_processed("parks", len(parks) // 10, 60, "the replay under way")
     sc.cluster.stop_app(leader)
     sc.phase(f"(b) stop_app {leader}")
@@ -545,9 +576,10 @@ def test_publish_during_node_loss(sc: Scenario) -> None:
         assert match, err
         confirmed = int(match.group(1))
         sc.ledger.confirmed_reported += confirmed
-        # Every confirmed message is in the queue (read on a surviving node, new leader).
-        sc.wait(lambda: sc.depth(WORK, via=others[0]) >= 0, 60, "a new leader for the queue")
-        held = sc.depth(WORK, via=others[0])
+        # Every confirmed message is in the queue, read on a surviving node once a new leader
+        # runs: until then a passive declare of a quorum queue answers 0 messages (3.10).
+        sc.wait(lambda: sc.cluster.leader(sc.vhost, WORK) != leader, 60, "a new leader elected")
+        held = stable(lambda: sc.depth(WORK, via=others[0]))
         sc.ledger.note(
             f"publisher via {leader} (killed): exit {publisher.returncode}, reported "
             f"{confirmed} confirmed, queue held {held} of {N} sent"
@@ -572,11 +604,10 @@ def test_publish_during_node_loss(sc: Scenario) -> None:
 def test_memory_alarm_blocks_publishers_consumers_drain(sc: Scenario) -> None:
     before = jobs(N, "before")
     during = jobs(max(100, N // 4), "during")
-    sc.consume(first="rmqa")
-    sc.wait(lambda: sc.consumer_nodes(), 30, "the consumer's connections listed")
     sc.brake(True)
+    sc.consume(first="rmqa")
     sc.publish(before)
-    sc.wait_processed("before", N // 10, 60, "consumption under way")
+    sc.wait_processed("before", N // 20, 60, "consumption under way")
     sc.cluster.ctl("rmqb", "set_vm_memory_high_watermark", "0.0000001")
     try:
         sc.wait(
@@ -626,7 +657,7 @@ def test_poison_storm(sc: Scenario) -> None:
     mixed = good + poison
     random.shuffle(mixed)
     sc.consume("--processes", "2", "--prefetch", "50")
-    sc.publish(mixed)
+    sc.published(sc.publish_background(mixed))
     sc.wait_processed("good", N, 120, "every good message processed")
     sc.wait(lambda: sc.depth(PARKING) >= len(poison), 60, "every poison message parked")
     sc.wait(lambda: sc.settled(parked=len(poison)), 30, "work and wait queues empty")
@@ -637,3 +668,21 @@ def test_poison_storm(sc: Scenario) -> None:
     assert not looped, f"poison delivered more than once: {list(looped.items())[:10]}"
     assert sc.copies == len(poison), "a poison message parked twice"
     assert report.processed_once == N and report.parked == len(poison)
+
+
+# --- rmqkit behaviour found by the suite
+@pytest.mark.xfail(
+    reason="rmqkit/consumer/runner.py leaves cautious mode with basic.qos on the consuming "
+    "channel; RabbitMQ applies a per-consumer prefetch only to consumers started after it, "
+    "so a consumer that reconnected keeps prefetch 1 (docs/reliability.md)",
+    strict=False,
+)
+def test_prefetch_back_to_configured_after_reconnect() -> None:
+    """After a reconnect the consumer is cautious (prefetch 1) for a few messages, then should be
+    back at its prefetch. Reads what test_forced_connection_close saw in the broker's consumer
+    list (management API) once every message was processed after two forced closes."""
+    seen = OBSERVED.get("prefetch_after_reconnect")
+    if seen is None:
+        pytest.skip("needs test_forced_connection_close in the same run")
+    assert OBSERVED["left_cautious_logged"], "the consumer never left cautious mode"
+    assert seen == {20}, f"prefetch after the reconnect: {seen} (configured 20)"
