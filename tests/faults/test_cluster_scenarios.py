@@ -448,8 +448,11 @@ def test_forced_connection_close(sc: Scenario) -> None:
     assert "connection lost" in output and "reconnecting" in output, output[-2000:]
     assert "died" not in output  # recovered in-process, not by a supervisor restart
     # The consumers' prefetch as the broker applies it (checked by the xfail test below).
-    rows = sc.cluster.api("GET", f"/consumers/{q(sc.vhost)}").json()
-    OBSERVED["prefetch_after_reconnect"] = {int(r.get("prefetch_count", -1)) for r in rows}
+    def prefetch() -> set[int]:
+        rows = sc.cluster.api("GET", f"/consumers/{q(sc.vhost)}").json()
+        return {int(r.get("prefetch_count", -1)) for r in rows}
+
+    OBSERVED["prefetch_after_reconnect"] = poll(prefetch, 15, 0.5)  # listed after a lag
     OBSERVED["left_cautious_logged"] = "left cautious mode" in output
     sc.ledger.note(
         f"prefetch after the reconnects (broker's view): {OBSERVED['prefetch_after_reconnect']}"
