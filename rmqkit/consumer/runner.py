@@ -101,6 +101,7 @@ class Consumer:
         # message that kills the process spends only its own delivery attempts.
         self._cautious = cautious
         self._cautious_until = CAUTIOUS_SETTLED
+        self._consumer_tag = ""
         self.config = config
         self.handler = handler
         self.metrics = metrics
@@ -223,6 +224,7 @@ class Consumer:
         self._tracker = tracker
         flusher = asyncio.create_task(self._flusher(channel, tracker))
         consume_ok = await channel.basic_consume(self.config.queue, self._on_delivery, no_ack=False)
+        self._consumer_tag = str(consume_ok.consumer_tag)
         self.metrics.set_connected(True)
         self.metrics.set_consuming(True)
         log.info(
@@ -238,7 +240,7 @@ class Consumer:
             if closing in done or channel.is_closed:
                 tracker.alive = False
                 raise ConnectionError(f"channel closed: {_closing_reason(channel)}")
-            await self._drain(channel, str(consume_ok.consumer_tag), tracker)
+            await self._drain(channel, self._consumer_tag, tracker)
         finally:
             stop_wait.cancel()
             closing.cancel()
@@ -297,8 +299,17 @@ class Consumer:
             await self._flush(channel, tracker)
             if self._cautious and self.processed >= self._cautious_until:
                 self._cautious = False
-                await channel.basic_qos(prefetch_count=self.config.prefetch)
-                log.info("left cautious mode: prefetch %d", self.config.prefetch)
+                await self._widen_prefetch(channel)
+
+    async def _widen_prefetch(self, channel: AbstractChannel) -> None:
+        """Leave cautious mode. basic.qos only applies to consumers created after it, so a new
+        consumer takes over at the full prefetch and the prefetch-1 one is cancelled."""
+        await channel.basic_qos(prefetch_count=self.config.prefetch)
+        old_tag = self._consumer_tag
+        consume_ok = await channel.basic_consume(self.config.queue, self._on_delivery, no_ack=False)
+        self._consumer_tag = str(consume_ok.consumer_tag)
+        await channel.basic_cancel(old_tag)
+        log.info("left cautious mode: prefetch %d", self.config.prefetch)
 
     async def _flush(self, channel: AbstractChannel, tracker: AckTracker) -> None:
         before = tracker.outstanding

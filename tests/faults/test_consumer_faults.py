@@ -78,7 +78,15 @@ def test_a_message_that_kills_its_worker_is_parked_by_the_delivery_limit(
     ledger = tmp_path / "ledger.db"
     consumer = ConsumerProcess(jobs_vhost, ledger, "--processes", "2")
     consumers.append(consumer)
-    assert wait_until(lambda: set(effects(ledger)) >= set(good), timeout_s=60), consumer.output()
+    assert wait_until(lambda: set(effects(ledger)) >= set(good), timeout_s=60), (
+        consumer.output()[-3000:],
+        len(set(good) - set(effects(ledger))),
+        broker.depths(jobs_vhost, [WORK, PARKING]),
+        [
+            (m["message_id"] == poison, m["headers"].get("x-death", [{}])[0].get("reason"))
+            for m in broker.drain(jobs_vhost, PARKING)
+        ][:10],
+    )
     assert wait_until(lambda: broker.depths(jobs_vhost, [PARKING])[PARKING] == 1, timeout_s=60), (
         consumer.output()
     )
@@ -124,6 +132,18 @@ def test_forced_connection_close_recovers_by_itself(
     output = consumer.output()
     assert "connection lost" in output and "reconnecting" in output
     assert "died" not in output  # recovered in-process, not by a supervisor restart
+    # Cautious after the abnormal close (prefetch 1), then back to the configured prefetch
+    # once a few more messages settled — as the broker sees the consumer, since basic.qos
+    # only applies to consumers started after it.
+    more = _publish(jobs_vhost, 50)
+    assert wait_until(lambda: set(effects(ledger)) >= set(more), timeout_s=30)
+    assert wait_until(lambda: "left cautious mode" in consumer.output(), timeout_s=10)
+
+    def prefetch() -> set[int]:
+        rows = broker.api("GET", f"/consumers/{broker.q(jobs_vhost)}").json()
+        return {int(r["prefetch_count"]) for r in rows}
+
+    assert wait_until(lambda: prefetch() == {20}, timeout_s=15), prefetch()
     assert consumer.stop() == 0
     assert sum(1 for n in effects(ledger).values() if n > 1) <= 20
 
