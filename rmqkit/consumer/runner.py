@@ -54,6 +54,10 @@ HOST = socket.gethostname()
 _PERSISTENT = 2
 _NACK_BACKOFF_S = 1.0  # before requeueing a message whose copy was refused: no hot loop
 CAUTIOUS_SETTLED = 10
+# ...and for at least this long: a message that crashes workers comes back within seconds of
+# each crash (restart backoff 0.2 s, 0.4 s, …); every worker must still be cautious then, or it
+# receives the poison with a full window and spends its neighbours' delivery attempts.
+CAUTIOUS_MIN_S = 15.0
 
 
 class Backoff:
@@ -101,6 +105,7 @@ class Consumer:
         # message that kills the process spends only its own delivery attempts.
         self._cautious = cautious
         self._cautious_until = CAUTIOUS_SETTLED
+        self._cautious_since = monotonic()
         self._consumer_tag = ""
         self.config = config
         self.handler = handler
@@ -141,6 +146,7 @@ class Consumer:
     def _enter_cautious(self) -> None:
         self._cautious = True
         self._cautious_until = self.processed + CAUTIOUS_SETTLED
+        self._cautious_since = monotonic()
 
     def close(self) -> None:
         """Release the handler threads without waiting for ones still running."""
@@ -290,14 +296,22 @@ class Consumer:
     async def _flusher(self, channel: AbstractChannel, tracker: AckTracker) -> None:
         wanted = self._flush_wanted
         while tracker.alive:
-            await wanted.wait()
+            if self._cautious:  # wake up now and then to see whether caution may end
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wanted.wait(), timeout=1.0)
+            else:
+                await wanted.wait()
             wanted.clear()
             if tracker.pending_acks < self._flush_threshold:
                 await asyncio.sleep(self.config.ack_flush_s)
             if not tracker.alive:
                 return
             await self._flush(channel, tracker)
-            if self._cautious and self.processed >= self._cautious_until:
+            if (
+                self._cautious
+                and self.processed >= self._cautious_until
+                and monotonic() - self._cautious_since >= CAUTIOUS_MIN_S
+            ):
                 self._cautious = False
                 await self._widen_prefetch(channel)
 

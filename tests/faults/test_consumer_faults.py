@@ -137,7 +137,7 @@ def test_forced_connection_close_recovers_by_itself(
     # only applies to consumers started after it.
     more = _publish(jobs_vhost, 50)
     assert wait_until(lambda: set(effects(ledger)) >= set(more), timeout_s=30)
-    assert wait_until(lambda: "left cautious mode" in consumer.output(), timeout_s=10)
+    assert wait_until(lambda: "left cautious mode" in consumer.output(), timeout_s=30)
 
     def prefetch() -> set[int]:
         rows = broker.api("GET", f"/consumers/{broker.q(jobs_vhost)}").json()
