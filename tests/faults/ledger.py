@@ -138,6 +138,14 @@ class Ledger:
             {m: n for m, n in self._query("SELECT message_id, COUNT(*) FROM deliveries GROUP BY 1")}
         )
 
+    def busy_pids(self, window_s: float = 1.0) -> dict[int, int]:
+        """Processes that called the handler in the last ``window_s`` seconds, with how often."""
+        rows = self._query(
+            f"SELECT pid, COUNT(*) FROM deliveries WHERE t > strftime('%s','now') - {window_s}"
+            " GROUP BY pid"
+        )
+        return {int(pid): int(n) for pid, n in rows}
+
     def processed(self, ids: set[str] | None = None) -> int:
         done = {m for (m,) in self._query("SELECT message_id FROM effects")}
         return len(done if ids is None else done & ids)
