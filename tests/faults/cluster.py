@@ -210,6 +210,7 @@ def cleanup_stale(log: Callable[[str], None] = print) -> None:
         poll(lambda: not _our_beams(), timeout_s=10)
     for old in WORK_ROOT.glob(DIR_PREFIX + "*"):
         shutil.rmtree(old, ignore_errors=True)
+    STATE_PATH.unlink(missing_ok=True)  # a cluster left by `scripts/cluster start` is gone
 
 
 def _stop_nodes(names: list[str]) -> None:
