@@ -427,15 +427,6 @@ class Cluster:
         if not poll(ready, timeout_s, 0.3):
             raise RuntimeError(f"management API of {node.name} not ready in {timeout_s}s")
 
-    def running_nodes(self) -> set[str]:
-        for node in self.nodes.values():
-            result = rabbitmqctl(
-                node.name, "cluster_status", "--formatter", "json", check=False, timeout=30
-            )
-            if result.returncode == 0:
-                return set(json.loads(result.stdout).get("running_nodes", []))
-        return set()
-
     def stop_app(self, short: str) -> None:
         self.ctl(short, "stop_app")
 
@@ -461,11 +452,6 @@ class Cluster:
         self._spawn(self.nodes[short])
         self.await_startup(short)
         self.await_management(short)
-
-    def up(self, short: str) -> bool:
-        return self.ctl(short, "status", check=False, timeout=30).returncode == 0 and bool(
-            self._api_on(self.nodes[short], "GET", "/overview")
-        )
 
     def nodes_state(self) -> dict[str, dict[str, Any]]:
         """/api/nodes by short name: running, mem_alarm, disk_free_alarm."""
