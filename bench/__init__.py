@@ -1,0 +1,1 @@
+"""Benchmarks (not tests: nothing here is collected by pytest). See docs/benchmarks.md."""
