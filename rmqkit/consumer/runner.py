@@ -330,12 +330,13 @@ class Consumer:
         tag = tracker.take_ack()
         if tag is None or not tracker.alive:
             return
+        count = before - tracker.outstanding  # now: deliveries during the await would add
         try:
             await channel.basic_ack(tag, multiple=True)
         except Exception:
             tracker.alive = False  # tags die with the channel; those messages come back
             return
-        self.metrics.acked(before - tracker.outstanding)
+        self.metrics.acked(count)
 
     # --- one delivery ------------------------------------------------------------------------
     async def _on_delivery(self, delivered: DeliveredMessage) -> None:
