@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import rmqkit
+from rmqkit.headers import LAST_FAILED_AT, parse_timestamp
 
 _db: sqlite3.Connection | None = None
 
@@ -40,6 +41,12 @@ def record(message_id: str | None, attempt: int, kind: str) -> None:
 
 async def handle(message: rmqkit.Message) -> None:
     record(message.message_id, message.attempt, "attempt")
+    failed_at = parse_timestamp(message.headers.get(LAST_FAILED_AT))
+    if failed_at is not None:  # when the consumer decided on the retry that brought it back
+        ledger().execute(
+            "INSERT INTO events VALUES (?, ?, ?, ?)",
+            (message.message_id, message.attempt, "failed_at", failed_at.timestamp()),
+        )
     order: dict[str, Any] = message.json()
     if order.get("crash"):
         os._exit(1)
