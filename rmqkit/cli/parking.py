@@ -15,6 +15,7 @@ from rich.table import Table
 from rmqkit.cli.common import run_async, seconds_option, settings_from
 from rmqkit.cli.render import stderr, stdout
 from rmqkit.errors import DataError, ExitCode, PartialSuccess, UsageError
+from rmqkit.parking.browse import BrowseStats
 from rmqkit.parking.model import ParkedFilter, ParkedMessage, json_safe, redact_body, redact_value
 from rmqkit.parking.ops import (
     find_parked,
@@ -100,6 +101,27 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f}s"
 
 
+def _warn_browse(name: str, stats: BrowseStats) -> None:
+    if stats.other_consumers:
+        stderr.print(
+            f"warning: {name!r} had {stats.other_consumers} other consumer(s) when the browse "
+            "started: the messages they hold unacked are not shown",
+            highlight=False,
+        )
+    if stats.missed:
+        stderr.print(
+            f"warning: {stats.missed} of the {stats.queue_count} message(s) in {name!r} at the "
+            "start were taken by another consumer during the browse and not shown",
+            highlight=False,
+        )
+    if not stats.settled:
+        stderr.print(
+            f"warning: the broker had not yet put back every browsed message of {name!r}; "
+            "a command run right now may see fewer",
+            highlight=False,
+        )
+
+
 def _progress(label: str) -> tuple[Progress, Any]:
     progress = Progress(
         TextColumn(label),
@@ -154,6 +176,7 @@ def list_cmd(
     progress, update = _progress("browsing")
     with progress:
         stats = run_async(list_parked(settings, name, flt, emit, limit=limit, progress=update))
+    _warn_browse(name, stats)
     if as_json:
         out.flush()
         return

@@ -10,6 +10,16 @@ Returning a message to a quorum queue counts as a delivery attempt, so a parking
 delivery limit would drop or dead-letter messages as they are browsed: ``check_browsable``
 refuses such a queue before anything is read.
 
+Completeness: a pass ends when it has seen as many messages as the queue held ready at the
+start. A pause in deliveries is not taken for the end: after ``IDLE_CHECK_S`` without one the
+browse asks the broker, and waits on unless another consumer is on the queue with nothing
+ready left (it holds the rest; the pass ends short and ``missed`` says how many). A quorum
+queue that just got a large hold back can take seconds to deliver again; one that delivers
+nothing for ``STALL_TIMEOUT_S`` is an error (``BrowseIncomplete``, exit 69), never an empty
+result. Messages other consumers held when the browse started are not seen at all
+(``other_consumers`` says there were some). At the end the browse waits until the broker has put back what it
+returned, so the next command sees the whole queue.
+
 Order: on RabbitMQ 3.x a quorum queue without a delivery limit puts returned messages at the
 back, in their order, so after a full pass the queue holds the same messages in the same order,
 with any message parked during the pass ahead of them.
@@ -29,12 +39,19 @@ import aiormq
 from aiormq.abc import DeliveredMessage
 
 from rmqkit.broker.management import ManagementClient
-from rmqkit.errors import BrokerUnavailable, DataError
+from rmqkit.errors import BrokerError, BrokerUnavailable, DataError
 from rmqkit.parking.model import ParkedMessage
 from rmqkit.topology.plan import matching_policies
 
 MAX_WINDOW = 60_000  # prefetch_count is 16-bit; larger queues are browsed in several passes
-IDLE_TIMEOUT_S = 2.0  # no delivery for this long: the rest is held by someone else
+IDLE_CHECK_S = 2.0  # no delivery for this long: ask the broker whether more are ready
+STALL_TIMEOUT_S = 120.0  # messages ready but none delivered for this long: give up, loudly
+SETTLE_BASE_S = 10.0  # waiting for returns to be applied: this, plus 1 s per 1,000 returned
+SETTLE_MAX_S = 120.0
+
+
+class BrowseIncomplete(BrokerError):
+    """The broker stopped delivering while the queue still had ready messages (exit 69)."""
 
 
 class Verdict(Enum):
@@ -55,10 +72,17 @@ class BrowseStats:
     """What one browse saw."""
 
     queue_count: int = 0  # ready messages when the browse started
+    other_consumers: int = 0  # consumers on the queue then: what they held is not seen
     seen: int = 0
     kept: int = 0
     taken: int = 0
     stopped_early: bool = False
+    settled: bool = True  # the broker had put back everything returned when the browse ended
+
+    @property
+    def missed(self) -> int:
+        """Messages counted at the start that the browse did not see (another consumer's)."""
+        return 0 if self.stopped_early else max(0, self.queue_count - self.seen)
 
 
 async def check_browsable(
@@ -134,7 +158,8 @@ async def browse(
     *,
     settle: Callable[[], Awaitable[None]] | None = None,
     window: int = MAX_WINDOW,
-    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    idle_check_s: float = IDLE_CHECK_S,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
 ) -> BrowseStats:
     """Show every message of ``queue`` (as it was when the browse started) to ``visit``.
 
@@ -146,12 +171,15 @@ async def browse(
     channel = await conn.channel()
     declared = await channel.queue_declare(queue, passive=True)
     stats.queue_count = remaining = int(declared.message_count or 0)
+    stats.other_consumers = int(declared.consumer_count or 0)
     await channel.close()
     while remaining > 0 and not stats.stopped_early:
         size = min(remaining, window)
-        seen = await _one_pass(conn, queue, visit, settle, size, idle_timeout_s, stats)
-        if seen == 0:
-            break
+        seen = await _one_pass(
+            conn, queue, visit, settle, size, idle_check_s, stall_timeout_s, stats
+        )
+        if seen < size:
+            break  # the rest was taken by another consumer during the pass
         remaining -= seen
     return stats
 
@@ -162,7 +190,8 @@ async def _one_pass(
     visit: Visitor,
     settle: Callable[[], Awaitable[None]] | None,
     size: int,
-    idle_timeout_s: float,
+    idle_check_s: float,
+    stall_timeout_s: float,
     stats: BrowseStats,
 ) -> int:
     channel = await conn.channel()
@@ -195,10 +224,10 @@ async def _one_pass(
     try:
         while seen < size:
             if inbox.empty():  # wait_for costs a task per call: only when we must wait
-                try:
-                    delivered = await asyncio.wait_for(inbox.get(), timeout=idle_timeout_s)
-                except TimeoutError:
-                    break
+                got = await _next_delivery(channel, queue, inbox, idle_check_s, stall_timeout_s)
+                if got is None:
+                    break  # nothing ready any more: another consumer holds the rest
+                delivered = got
             else:
                 delivered = inbox.get_nowait()
             tag = int(delivered.delivery.delivery_tag or 0)  # type: ignore[union-attr]
@@ -243,34 +272,70 @@ async def _one_pass(
         # Anything delivered after the cancel was never seen: closing returns it.
         await channel.close()
     if seen:
-        await _await_settled(conn, queue, expected=stats.queue_count - stats.taken)
+        returned = seen - stats.taken
+        deadline = min(SETTLE_MAX_S, SETTLE_BASE_S + returned / 1000)
+        stats.settled = await _await_settled(
+            conn, queue, expected=stats.queue_count - stats.taken, deadline_s=deadline
+        )
     return seen
 
 
-async def _await_settled(
-    conn: aiormq.abc.AbstractConnection, queue: str, *, expected: int, deadline_s: float = 5.0
-) -> None:
-    """Wait (bounded) until the broker has applied our returns and acks.
+async def _next_delivery(
+    channel: aiormq.abc.AbstractChannel,
+    queue: str,
+    inbox: asyncio.Queue[DeliveredMessage],
+    idle_check_s: float,
+    stall_timeout_s: float,
+) -> DeliveredMessage | None:
+    """The next delivery; None when the queue has nothing ready for us any more.
 
-    A quorum queue applies them asynchronously: a command run right after this one (a replay
-    after a list) would otherwise see fewer messages and silently skip the rest, and a removed
-    message could still be counted. Stops when the ready count is what we left, or when it has
-    not changed for a few polls (someone else is publishing or consuming).
+    A pause is not the end: a quorum queue that just got a large hold back was seen to take
+    2 s and more before delivering the first message again. The ready count cannot tell:
+    a quorum queue counts messages checked out to our consumer as unacked before they reach
+    us. Only another consumer can take what we have not seen; without one, we wait.
+    """
+    loop = asyncio.get_running_loop()
+    stalled_since = loop.time()
+    while True:
+        try:
+            return await asyncio.wait_for(inbox.get(), timeout=idle_check_s)
+        except TimeoutError:
+            pass
+        declared = await channel.queue_declare(queue, passive=True)
+        if not inbox.empty():
+            continue
+        ready = int(declared.message_count or 0)
+        others = int(declared.consumer_count or 1) - 1
+        if ready == 0 and others > 0:
+            return None
+        if loop.time() - stalled_since >= stall_timeout_s:
+            raise BrowseIncomplete(
+                f"browsing {queue!r}: the broker delivered nothing for {stall_timeout_s:.0f} s "
+                f"({ready} message(s) ready, {others} other consumer(s)); nothing was changed "
+                "or lost — run the command again (check `rmqkit status` for a stuck queue)"
+            )
+
+
+async def _await_settled(
+    conn: aiormq.abc.AbstractConnection, queue: str, *, expected: int, deadline_s: float
+) -> bool:
+    """Wait (bounded) until the broker has put back what we returned; False on the deadline.
+
+    A quorum queue applies returns asynchronously, and a large one all at once, seconds
+    later: a command run right after this one (a replay after a list) would otherwise see
+    fewer messages. ``expected`` is the ready count we leave; more is fine (messages parked
+    meanwhile), fewer after the deadline means someone else consumed some.
     """
     loop = asyncio.get_running_loop()
     until = loop.time() + deadline_s
     channel = await conn.channel()
-    last, stable = -1, 0
     try:
-        while loop.time() < until:
+        while True:
             declared = await channel.queue_declare(queue, passive=True)
-            count = int(declared.message_count or 0)
-            if count == expected:
-                return
-            stable = stable + 1 if count == last else 0
-            if stable >= 4:
-                return
-            last = count
+            if int(declared.message_count or 0) >= expected:
+                return True
+            if loop.time() >= until:
+                return False
             await asyncio.sleep(0.05)
     finally:
         await channel.close()

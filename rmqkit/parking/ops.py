@@ -19,7 +19,13 @@ from rmqkit.broker.amqp import connect, server_version
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.pamqp_hook import typed_decoding
 from rmqkit.broker.typed_properties import copy_properties
-from rmqkit.parking.browse import BrowseStats, Verdict, browse, check_browsable
+from rmqkit.parking.browse import (
+    BrowseIncomplete,
+    BrowseStats,
+    Verdict,
+    browse,
+    check_browsable,
+)
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.settings import Settings
 
@@ -288,6 +294,10 @@ async def replay_parked(
 
         try:
             await browse(session.raw, queue, visit)
+        except BrowseIncomplete as exc:
+            raise BrowseIncomplete(
+                f"{exc} (before that: replayed {report.replayed} of {report.selected} selected)"
+            ) from None
         finally:
             if not publisher.is_closed:
                 await publisher.close()

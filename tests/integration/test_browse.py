@@ -1,0 +1,119 @@
+"""Browsing is complete or fails loudly: a slow broker is waited for, never taken for an empty
+queue, and each browse leaves the queue whole for the next command."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiormq
+import pytest
+
+from rmqkit.parking.browse import BrowseIncomplete, Verdict, browse
+from rmqkit.parking.model import ParkedFilter, ParkedMessage
+from rmqkit.parking.ops import list_parked
+from rmqkit.settings import with_vhost
+from tests import broker
+
+QUEUE = "b.parking"
+COUNT = 8_000
+
+
+def _declare(vhost: str, name: str, **arguments: Any) -> None:
+    args = {"x-queue-type": "quorum", **arguments}
+    body = {"durable": True, "arguments": args}
+    broker.api("PUT", f"/queues/{broker.q(vhost)}/{broker.q(name)}", json=body).raise_for_status()
+
+
+@pytest.fixture(scope="module")
+def filled(vhost: str) -> str:
+    _declare(vhost, QUEUE)
+    messages = [(f"m-{i}", b"x" * 100) for i in range(COUNT)]
+    broker.publish_with_ids(vhost, "", QUEUE, messages)
+    return vhost
+
+
+def test_back_to_back_browses_each_see_every_message(filled: str) -> None:
+    settings = broker.settings_for(filled)
+
+    async def three_lists() -> list[set[str]]:
+        seen: list[set[str]] = []
+        for _ in range(3):  # each right after the other: the returns of the last still landing
+            ids: set[str] = set()
+
+            def add(message: ParkedMessage, ids: set[str] = ids) -> None:
+                ids.add(message.message_id or "")
+
+            stats = await list_parked(settings, QUEUE, ParkedFilter(), add)
+            assert stats.settled and stats.missed == 0
+            seen.append(ids)
+        return seen
+
+    expected = {f"m-{i}" for i in range(COUNT)}
+    assert all(ids == expected for ids in broker.run(three_lists()))
+    assert broker.depths(filled, [QUEUE])[QUEUE] == COUNT
+
+
+def test_pauses_in_delivery_do_not_end_a_pass(filled: str) -> None:
+    """An idle check every 10 ms: before the fix, the first pause ended the browse short."""
+
+    async def browse_twice() -> list[int]:
+        conn = await aiormq.connect(with_vhost(broker.BASE_URL, filled))
+        counts = []
+        try:
+            for _ in range(2):
+                seen = 0
+
+                async def visit(message: ParkedMessage) -> Verdict:
+                    nonlocal seen
+                    seen += 1
+                    if seen % 500 == 0:
+                        await asyncio.sleep(0.05)  # a slow visitor, too
+                    return Verdict.KEEP
+
+                stats = await browse(conn, QUEUE, visit, idle_check_s=0.01)
+                assert stats.queue_count == COUNT and stats.settled
+                counts.append(seen)
+        finally:
+            await conn.close()
+        return counts
+
+    assert broker.run(browse_twice()) == [COUNT, COUNT]
+    assert broker.depths(filled, [QUEUE])[QUEUE] == COUNT
+
+
+def test_a_queue_that_delivers_nothing_is_an_error_not_an_empty_result(vhost: str) -> None:
+    """Single active consumer: another connection is the active one, so the broker delivers
+    nothing to the browse although messages are ready."""
+    name = "b.sac"
+    _declare(vhost, name, **{"x-single-active-consumer": True})
+    broker.publish_with_ids(vhost, "", name, [(f"s-{i}", b"s") for i in range(5)])
+
+    async def scenario() -> None:
+        url = with_vhost(broker.BASE_URL, vhost)
+        holder = await aiormq.connect(url)
+        conn = await aiormq.connect(url)
+        try:
+            channel = await holder.channel()
+            await channel.basic_qos(prefetch_count=1)
+            held: asyncio.Queue[int] = asyncio.Queue()
+
+            async def hold(message: aiormq.abc.DeliveredMessage) -> None:
+                held.put_nowait(1)  # never acked: the queue keeps 4 ready
+
+            await channel.basic_consume(name, hold)
+            await asyncio.wait_for(held.get(), timeout=10)
+
+            async def visit(message: ParkedMessage) -> Verdict:
+                raise AssertionError("nothing should be delivered to the browse")
+
+            with pytest.raises(
+                BrowseIncomplete, match="delivered nothing.*\\(4 message\\(s\\) ready"
+            ):
+                await browse(conn, name, visit, idle_check_s=0.2, stall_timeout_s=1.5)
+        finally:
+            await conn.close()
+            await holder.close()
+
+    broker.run(scenario())
+    assert broker.depths(vhost, [name])[name] == 5  # the held one is back too
