@@ -100,8 +100,13 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else h.format_timestamp(moment)
 
 
+_PLAIN = frozenset({str, int, float, bool})
+
+
 def json_safe(value: Any) -> Any:
     """AMQP header values as plain JSON (for display; export keeps exact types instead)."""
+    if type(value) in _PLAIN or value is None:  # most header values: checked first, cheaply
+        return value
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

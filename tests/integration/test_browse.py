@@ -108,7 +108,7 @@ def test_a_queue_that_delivers_nothing_is_an_error_not_an_empty_result(vhost: st
                 raise AssertionError("nothing should be delivered to the browse")
 
             with pytest.raises(
-                BrowseIncomplete, match="delivered nothing.*\\(4 message\\(s\\) ready"
+                BrowseIncomplete, match=r"delivered nothing.*\(4 message\(s\) ready"
             ):
                 await browse(conn, name, visit, idle_check_s=0.2, stall_timeout_s=1.5)
         finally:
