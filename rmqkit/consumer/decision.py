@@ -118,10 +118,18 @@ class Failed:
 
     exc_type: str
     exc_message: str
-    traceback: str = ""
+    traceback: str = ""  # given, or formatted from ``exception`` by traceback_text()
     permanent: bool = False
     retry_delay_s: float | None = None
     base_types: tuple[str, ...] = ()
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
+
+    def traceback_text(self) -> str:
+        """The traceback, formatted only when asked for: parking keeps it, a retry does not,
+        and formatting every failure's was a fifth of the retry path's CPU."""
+        if self.traceback or self.exception is None:
+            return self.traceback
+        return "".join(traceback_module.format_exception(self.exception))
 
     @classmethod
     def from_exception(
@@ -130,7 +138,7 @@ class Failed:
         return cls(
             exc_type=qualified_type_name(type(exc)),
             exc_message=str(exc),
-            traceback="".join(traceback_module.format_exception(exc)),
+            exception=exc,
             permanent=permanent,
             retry_delay_s=retry_delay_s,
             base_types=tuple(
@@ -213,7 +221,10 @@ Decision = Ack | Retry | Park
 class _Error:
     type: str
     message: str
-    traceback: str
+    traceback: str | Callable[[], str]  # a callable: formatted only if the message is parked
+
+    def traceback_text(self) -> str:
+        return self.traceback if isinstance(self.traceback, str) else self.traceback()
 
 
 def decide(
@@ -258,7 +269,7 @@ def decide(
             outcome.error_type, f"handler did not finish within {outcome.timeout_s:g} s", ""
         )
     else:
-        error = _Error(outcome.exc_type, outcome.exc_message, outcome.traceback)
+        error = _Error(outcome.exc_type, outcome.exc_message, outcome.traceback_text)
         if outcome.permanent or policy.is_permanent((outcome.exc_type, *outcome.base_types)):
             return context.park(h.ParkingReason.PERMANENT, error)
         requested_delay_s = outcome.retry_delay_s
@@ -304,8 +315,9 @@ class _CopyContext:
     def park(self, reason: h.ParkingReason, error: _Error) -> Park:
         copy = self._failure_headers(error)
         copy[h.PARK_REASON] = reason.value
-        if error.traceback:
-            copy[h.TRACEBACK] = h.truncate_traceback(error.traceback)
+        text = error.traceback_text()
+        if text:
+            copy[h.TRACEBACK] = h.truncate_traceback(text)
         else:
             copy.pop(h.TRACEBACK, None)
         return Park(target_queue=self.policy.parking_queue, headers=copy, reason=reason)

@@ -497,7 +497,7 @@ def _classify(exc: Exception, permanent_types: frozenset[str]) -> Outcome:
 
 def _undecodable(exc: Exception, detail: str) -> Undecodable:
     failed = Failed.from_exception(exc)
-    return Undecodable(detail, exc_type=failed.exc_type, traceback=failed.traceback)
+    return Undecodable(detail, exc_type=failed.exc_type, traceback=failed.traceback_text())
 
 
 _listed_cache: dict[tuple[type[BaseException], frozenset[str]], bool] = {}

@@ -518,7 +518,9 @@ def test_failed_from_exception() -> None:
         failed = Failed.from_exception(exc, retry_delay_s=3.0)
     assert failed.exc_type == f"{__name__}.BadInput"
     assert failed.exc_message == "total is negative"
-    assert "raise BadInput" in failed.traceback and failed.traceback.endswith("negative\n")
+    assert "raise BadInput" in failed.traceback_text() and failed.traceback_text().endswith(
+        "negative\n"
+    )
     assert failed.base_types == ("ValueError", "Exception")
     assert failed.retry_delay_s == 3.0 and not failed.permanent
     assert qualified_type_name(KeyError) == "KeyError"

@@ -420,7 +420,7 @@ def test_permanent_is_a_permanent_failure() -> None:
     assert outcome.permanent is True
     assert outcome.exc_type == "rmqkit.consumer.message.Permanent"
     assert outcome.exc_message == "no such customer"
-    assert "raise_permanent" in outcome.traceback
+    assert "raise_permanent" in outcome.traceback_text()
 
 
 def test_retry_is_transient_with_the_requested_delay() -> None:
@@ -445,7 +445,7 @@ def test_other_exception_is_transient(name: str) -> None:
     assert (outcome.permanent, outcome.retry_delay_s) == (False, None)
     assert (outcome.exc_type, outcome.exc_message) == ("ValueError", "database is down")
     assert "Exception" in outcome.base_types
-    assert name in outcome.traceback
+    assert name in outcome.traceback_text()
 
 
 @pytest.mark.parametrize(
