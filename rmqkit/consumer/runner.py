@@ -234,10 +234,10 @@ class Consumer:
         self.metrics.set_connected(True)
         self.metrics.set_consuming(True)
         log.info(
-            "consuming %s on %s (prefetch %d)",
+            "consuming %s on %s (prefetch %s)",
             self.config.queue,
             mask_url(str(raw.url)),
-            self.config.prefetch,
+            "1, cautious after a crash" if self._cautious else self.config.prefetch,
         )
         stop_wait = asyncio.ensure_future(self._stop.wait())
         closing = asyncio.ensure_future(channel.closing)
