@@ -341,9 +341,12 @@ class Cluster:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
+                    handle.seek(0)
+                    holder = handle.read().strip() or "?"
                     handle.close()
                     raise ClusterUnavailable(
-                        f"another fault-cluster run holds {LOCK_PATH} (waited {timeout_s:.0f}s)"
+                        f"another fault-cluster run (pid {holder}) holds {LOCK_PATH} "
+                        f"(waited {timeout_s:.0f}s)"
                     ) from None
                 time.sleep(1)
         handle.seek(0)
@@ -480,6 +483,15 @@ class Cluster:
             if row.get("disk_free_alarm"):
                 self.ctl(short, "set_disk_free_limit", "50MB")
                 done.append(f"disk limit reset on {short}")
+        if any("reset" in step for step in done):
+            # An alarm clears at the node's next memory/disk check, not with the command:
+            # publishers of the next scenario would block until then.
+            def clear() -> bool:
+                rows = self.nodes_state().values()
+                return not any(r.get("mem_alarm") or r.get("disk_free_alarm") for r in rows)
+
+            if not poll(clear, timeout_s=60, interval_s=0.5):
+                raise RuntimeError(f"alarms still raised after {done}: {self.nodes_state()}")
         return done
 
     # --- URLs, vhosts, management API --------------------------------------------------------

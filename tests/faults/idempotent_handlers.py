@@ -3,8 +3,10 @@
 Body (JSON): {"id": str, "sleep": seconds, "fail": N (fail transiently on attempts 1..N),
 "permanent_until_fixed": bool (raise rmqkit.Permanent until the scenario marks the downstream
 fixed, then succeed — for parking replays)}. A body that is not JSON is undecodable (parked).
-While the scenario sets the ``brake`` switch every handling takes BRAKE_S longer: consumption
-is slow until the fault has landed (a `rabbitmqctl` call alone takes seconds), fast afterwards.
+While the scenario sets the ``brake`` switch every handling takes BRAKE_S longer, mostly after
+the side effect: consumption is slow until the fault has landed (a `rabbitmqctl` call alone takes
+seconds), fast afterwards, and a fault that lands while it is on finds messages applied but not
+yet acked (they come back: duplicates for the idempotency to absorb) as well as not yet applied.
 
 SQLite ledger (RMQKIT_TEST_LEDGER), shared by every worker process:
 
@@ -42,6 +44,7 @@ SCHEMA = (
 
 _db: sqlite3.Connection | None = None
 BRAKE_S = 0.5
+BRAKE_APPLIED_S = 0.4  # of which after the side effect (before the handler returns and the ack)
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -112,10 +115,13 @@ async def handle_idempotent(message: rmqkit.Message) -> None:
     job: dict[str, Any] = message.json()  # not JSON: DecodeError, parked as undecodable
     if job.get("sleep"):
         await asyncio.sleep(float(job["sleep"]))
-    if _switch("brake"):  # the scenario holds consumption slow until its fault has landed
-        await asyncio.sleep(BRAKE_S)
+    braked = _switch("brake")  # the scenario holds consumption slow until its fault has landed
+    if braked:
+        await asyncio.sleep(BRAKE_S - BRAKE_APPLIED_S)
     if job.get("permanent_until_fixed") and not _switch("fixed"):
         raise rmqkit.Permanent(f"job {job.get('id')} needs a fix downstream")
     if int(job.get("fail", 0)) >= message.attempt:
         raise ConnectionError(f"downstream timed out on attempt {message.attempt}")
     apply_once(message.message_id, message.attempt)
+    if braked:  # the rest after the effect: a fault now finds it applied, not yet acked
+        await asyncio.sleep(BRAKE_APPLIED_S)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -139,12 +140,37 @@ class Ledger:
         )
 
     def busy_pids(self, window_s: float = 1.0) -> dict[int, int]:
-        """Processes that called the handler in the last ``window_s`` seconds, with how often."""
-        rows = self._query(
-            f"SELECT pid, COUNT(*) FROM deliveries WHERE t > strftime('%s','now') - {window_s}"
-            " GROUP BY pid"
-        )
+        """Processes that called the handler in the last ``window_s`` seconds, with how often.
+        (The cut-off is this process's clock, to the microsecond: SQLite's strftime('%s') is
+        whole seconds, which let a worker idle for up to two seconds count as busy.)"""
+        since = time.time() - window_s
+        rows = self._query(f"SELECT pid, COUNT(*) FROM deliveries WHERE t > {since!r} GROUP BY pid")
         return {int(pid): int(n) for pid, n in rows}
+
+    def left_unsettled(self, pids: Iterable[int]) -> tuple[int, int]:
+        """What killed processes ``pids`` died holding, read once the messages came back:
+        (handler calls they never completed, ids they completed that another process then
+        completed again — applied, not acked, redelivered)."""
+        wanted = ",".join(str(int(p)) for p in pids) or "NULL"
+
+        def counts(table: str) -> Counter[tuple[str, int]]:
+            rows = self._query(
+                f"SELECT message_id, pid, COUNT(*) FROM {table} WHERE pid IN ({wanted})"
+                " GROUP BY 1, 2"
+            )
+            return Counter({(m, p): n for m, p, n in rows})
+
+        in_handler = sum((counts("deliveries") - counts("completions")).values())
+        theirs: dict[str, float] = {}  # id → when a killed process first completed it
+        later: dict[str, float] = {}  # id → when any other process last completed it
+        victims = {int(p) for p in pids}
+        for message_id, pid, t in self._query("SELECT message_id, pid, t FROM completions"):
+            if int(pid) in victims:
+                theirs[message_id] = min(t, theirs.get(message_id, t))
+            else:
+                later[message_id] = max(t, later.get(message_id, t))
+        redone = sum(1 for m, t in theirs.items() if later.get(m, 0.0) > t)
+        return in_handler, redone
 
     def processed(self, ids: set[str] | None = None) -> int:
         done = {m for (m,) in self._query("SELECT message_id FROM effects")}

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -47,6 +47,7 @@ pytestmark = pytest.mark.skipif(
     reason="3-node cluster scenarios are opt-in (RMQKIT_FAULT_CLUSTER=1) until stabilised",
 )
 
+T = TypeVar("T")
 SOAK = os.environ.get("RMQKIT_SOAK") == "1"
 N = int(os.environ.get("RMQKIT_FAULT_COUNT", 100_000 if SOAK else 2_000))
 WORK, PARKING, EXCHANGE, KEY = "jobs.work", "jobs.work.parking", "jobs", "job"
@@ -66,6 +67,14 @@ prefetch = 50
 """
 CONSUMER = ("--processes", "2", "--prefetch", "20", "--grace", "20s")
 SCALE_TIMEOUT = max(1.0, N / 2_000)  # waits grow with the count
+# Messages handled with the brake on before each kill or forced close (``Scenario.reach``).
+# Unbraked, a consumer here handles the whole 2,000-message backlog in under a second when the
+# CPUs are free — faster than the test can land five kills; braked it does at most 80 a second
+# (2 workers, prefetch 20, 0.5 s each), so the fault lands mid-batch on a fast machine too.
+BRAKED_LEAD = 2_000
+# How long to wait for another run's cluster (one per host) before skipping: the wait counts
+# toward the first scenario's pytest timeout (300 s), with the cluster start and the scenario.
+LOCK_WAIT_S = 150
 
 
 @dataclass(frozen=True)
@@ -273,9 +282,11 @@ class Scenario:
         except Exception:
             return -1  # no node answered / queue has no leader yet: not settled
 
-    def wait(self, fn: Callable[[], Any], timeout_s: float, what: str) -> None:
-        if poll(fn, timeout_s * SCALE_TIMEOUT, 0.2):
-            return
+    def wait(self, fn: Callable[[], T], timeout_s: float, what: str) -> T:
+        """``fn()`` once it is truthy (polled); the scenario fails after the timeout."""
+        value = poll(fn, timeout_s * SCALE_TIMEOUT, 0.2)
+        if value:
+            return value
         logs = "\n".join(f"--- {c.log_path.name}\n{c.output()[-3000:]}" for c in self.consumers)
         pytest.fail(
             f"{self.name}: timed out after {timeout_s * SCALE_TIMEOUT:.0f}s waiting for {what}; "
@@ -284,6 +295,15 @@ class Scenario:
 
     def wait_processed(self, kind: str | None, count: int, timeout_s: float, what: str) -> None:
         self.wait(lambda: self.processed(kind) >= count, timeout_s, what)
+
+    def reach(self, target: int, timeout_s: float, what: str) -> None:
+        """Wait until ``target`` ids are processed, the last BRAKED_LEAD of them with the brake
+        on; it stays on, so the consumer is still busy, with a backlog, when the fault lands."""
+        if self.processed() < target - BRAKED_LEAD:
+            self.brake(False)
+            self.wait_processed(None, target - BRAKED_LEAD, timeout_s, what)
+        self.brake(True)
+        self.wait_processed(None, target, timeout_s, what)
 
     def settled(self, parked: int = 0) -> bool:
         try:
@@ -352,7 +372,11 @@ def cluster() -> Iterator[Cluster]:
     instance = Cluster()
     try:
         try:
-            instance.start()
+            # Skipped (with the reason) only if this machine cannot run the nodes: no
+            # rabbitmq-server, not root, no rabbitmq user, their ports taken by something else,
+            # or another run's cluster still up after LOCK_WAIT_S. Any other failure to start
+            # fails the run.
+            instance.start(lock_timeout_s=LOCK_WAIT_S)
         except ClusterUnavailable as exc:
             pytest.skip(f"3-node fault cluster unavailable: {exc}")
         yield instance
@@ -380,38 +404,55 @@ def sc(cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
 def test_consumer_kill_9_five_times(sc: Scenario) -> None:
     """Five SIGKILLs mid-batch: the 1st, 3rd and 5th kill one worker (the supervisor replaces
     it), the 2nd and 4th the whole consumer, supervisor and workers (a new one is started).
-    Each kill waits until the victim is handling messages (its pid in the deliveries rows)."""
+    Each kill lands with the brake on (``Scenario.reach``: the backlog not consumed yet), on a
+    worker seen handling messages (its pid in the deliveries rows of the last second). What each
+    victim died holding is noted; some of it must have been applied but not acked (the brake
+    sleeps mostly after the effect), so the idempotency is put to the test."""
     sc.publish(jobs(N, "good"))  # a backlog: every worker holds a full prefetch window
+    sc.brake(True)
     consumer = sc.consume()
-    victims = []
+    kills: list[tuple[str, int, list[int]]] = []  # (what, processed before it, pids killed)
     for k in range(5):
         target = N * (k + 1) // 7
-        sc.wait_processed(None, target, 60, f"{target} processed before kill {k + 1}")
+        sc.reach(target, 60, f"{target} processed before kill {k + 1}")
 
         def busy(c: ClusterConsumer = consumer) -> list[int]:
             pids = sc.ledger.busy_pids()
             return sorted((p for p in c.workers() if p in pids), key=lambda p: -pids[p])
 
-        sc.wait(busy, 30, f"a worker handling messages before kill {k + 1}")
+        busiest = sc.wait(busy, 30, f"a worker handling messages before kill {k + 1}")
         at = sc.processed()
+        assert at < N, f"kill {k + 1}: the backlog was consumed before it landed"
         if k % 2 == 0:
-            victim = busy()[0]
+            victim = busiest[0]
             os.kill(victim, signal.SIGKILL)
-            victims.append(f"worker at {at}")
+            kills.append(("worker", at, [victim]))
             sc.wait(
                 lambda c=consumer, v=victim: v not in c.workers() and len(c.workers()) == 2,
                 30,
                 "the supervisor to replace the killed worker",
             )
         else:
+            kills.append(("consumer", at, consumer.workers()))
             consumer.kill()
-            victims.append(f"consumer at {at}")
             consumer = sc.consume()
-    sc.ledger.note("kill -9 of: " + ", ".join(victims))
+    sc.brake(False)
     sc.wait_processed(None, N, 120, "every message processed after five kills")
     sc.wait(sc.settled, 30, "work and wait queues empty")
     report = sc.finish()
+    # What each victim died holding, from the ledger now that it all came back.
+    held = [(what, at, *sc.ledger.left_unsettled(pids)) for what, at, pids in kills]
+    report.notes.insert(
+        0,
+        "kill -9 of: "
+        + ", ".join(
+            f"{what} at {at} ({unapplied} in its handler, {applied} applied not acked)"
+            for what, at, unapplied, applied in held
+        ),
+    )
+    print(f"note: {report.notes[0]}")
     assert report.processed_once + report.processed_twice == N
+    assert report.processed_twice > 0, f"no kill found a message applied but not acked: {held}"
 
 
 # --- 2. restart of the consumer's node
@@ -450,15 +491,21 @@ def test_restart_of_the_consumers_node(sc: Scenario) -> None:
 # --- 3. forced connection close
 def test_forced_connection_close(sc: Scenario) -> None:
     sc.publish(jobs(N, "good"))
+    sc.brake(True)  # the closes land mid-batch (Scenario.reach)
     consumer = sc.consume()
+    closes = []
     for k in range(2):
-        sc.wait_processed(None, N * (k + 1) // 4, 60, f"consumption before close {k + 1}")
+        sc.reach(N * (k + 1) // 4, 60, f"consumption before close {k + 1}")
         # The management API lists a new connection after its stats interval: poll.
         sc.wait(
             lambda: sc.cluster.close_connections(sc.vhost, "rmqkit consume") > 0,
             30,
             f"forced close {k + 1} of the consumer's connections",
         )
+        closes.append(sc.processed())
+        assert closes[-1] < N, f"close {k + 1} landed after the backlog was consumed"
+    sc.brake(False)
+    sc.ledger.note(f"forced closes at {closes} processed")
     sc.wait_processed(None, N, 120, "every message processed")
     sc.wait(sc.settled, 30, "work and wait queues empty")
     output = consumer.output()
@@ -503,6 +550,8 @@ def test_leader_node_stopped_during_consumption_and_during_replay(sc: Scenario) 
             "the consumer to fail over to another URL",
         )
         sc.brake(False)
+        # The management API's `leader` changes once the election is over: wait for it.
+        sc.wait(lambda: sc.cluster.leader(sc.vhost, WORK) != leader, 60, "a new leader elected")
         new_leader = sc.cluster.leader(sc.vhost, WORK)
         assert new_leader != leader
         sc.ledger.note(
