@@ -1,9 +1,8 @@
-"""Helpers shared by the benchmark scripts: a throwaway vhost through the management API,
-`rmqkit declare`, queue depths, worker subprocesses, what else is using the shared machine,
-py-spy summaries, and the facts (machine, broker, library versions, code) a report records.
-
-``bench/consume_throughput.py`` and ``bench/parking_bench.py`` still carry their own copies of
-most of these (they predate this module); ``bench/publish_bench.py`` uses this one.
+"""Helpers shared by the benchmark scripts (``bench/consume_throughput.py``,
+``bench/parking_bench.py``, ``bench/publish_bench.py``): a throwaway vhost through the management
+API, `rmqkit declare`, queue depths, worker subprocesses, what else is using the shared machine,
+py-spy summaries, the facts (machine, broker, library versions, code) a report records, and
+writing or re-summarizing a report.
 
 Nothing here imports rmqkit, aio-pika or httpx at module level: worker processes import their
 benchmark module (and so this one), and a raw contender must not pay for rmqkit's imports.
@@ -22,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -56,7 +56,12 @@ def create_vhost(prefix: str) -> tuple[str, str]:
     vhost = f"{prefix}-{uuid.uuid4().hex[:6]}"
     path = quote(vhost, safe="")
     api("PUT", f"/vhosts/{path}", json={})
-    api("PUT", f"/permissions/{path}/guest", json={"configure": ".*", "write": ".*", "read": ".*"})
+    try:
+        perms = {"configure": ".*", "write": ".*", "read": ".*"}
+        api("PUT", f"/permissions/{path}/guest", json=perms)
+    except BaseException:
+        delete_vhost(vhost)
+        raise
     return vhost, with_vhost(BASE_URL, vhost)
 
 
@@ -110,17 +115,23 @@ async def depths(url: str, names: list[str]) -> dict[str, int]:
 
 
 async def wait_depths(
-    url: str, expected: dict[str, int], timeout_s: float = 30.0, stable_s: float = 3.0
+    url: str,
+    expected: dict[str, int],
+    timeout_s: float = 30.0,
+    stable_s: float | None = 3.0,
+    watch_s: float = 0.0,
 ) -> dict[str, int]:
-    """Poll the depths (passive declares) until they are ``expected``, or have not changed for
-    ``stable_s``, or ``timeout_s`` passed; the last ones."""
+    """Poll the depths (passive declares) until they are ``expected`` (then ``watch_s`` longer,
+    for late changes), or ``timeout_s`` passed, or (unless None) they have not changed for
+    ``stable_s``; the last ones. Acks and returns reach a quorum queue asynchronously, returns
+    sometimes many seconds later and all at once."""
     import aiormq
 
     conn = await aiormq.connect(url)
     try:
         channel = await conn.channel()
         now = time.monotonic()
-        until, last, changed = now + timeout_s, None, now
+        until, last, changed, reached = now + timeout_s, None, now, False
         while True:
             counts = {}
             for name in expected:
@@ -129,7 +140,11 @@ async def wait_depths(
             now = time.monotonic()
             if counts != last:
                 last, changed = counts, now
-            if counts == expected or now > until or now - changed > stable_s:
+            if counts == expected and not reached:
+                reached, until = True, min(until, now + watch_s)
+            if (counts == expected and now >= until) or now > until:
+                return counts
+            if stable_s is not None and not reached and now - changed > stable_s:
                 return counts
             await asyncio.sleep(0.1)
     finally:
@@ -182,8 +197,39 @@ def py_spy(cmd: list[str], out: Path, rate: int = 250) -> list[str]:
     return [str(spy), "record", "--rate", str(rate), "--format", "raw", "-o", str(out), "--", *cmd]
 
 
-def run_json_worker(cmd: list[str], log_path: Path, timeout_s: float) -> dict[str, Any]:
-    """Run a worker that prints one JSON line last on stdout (stderr to ``log_path``)."""
+def worker_cmd(launch: list[str], contender: str, vhost: str, n: int) -> list[str]:
+    """The command line of a benchmark's worker process: ``launch`` (how to start the script,
+    without the interpreter) with the worker options every benchmark takes."""
+    return [sys.executable, *launch, "--worker", contender, "--vhost", vhost, "--messages", str(n)]
+
+
+def run_profiled(coro: Coroutine[Any, Any, dict[str, Any]], cprofile: str | None) -> dict[str, Any]:
+    """In a worker: ``asyncio.run(coro)``, under cProfile (stats dumped to ``cprofile``) if
+    given."""
+    if not cprofile:
+        return asyncio.run(coro)
+    import cProfile
+
+    with cProfile.Profile() as profile:
+        result = asyncio.run(coro)
+    profile.dump_stats(cprofile)
+    return result
+
+
+def run_timed(
+    cmd: list[str], **kwargs: Any
+) -> tuple[subprocess.CompletedProcess[Any], float, float]:
+    """``subprocess.run(cmd, **kwargs)`` timed: the process, its wall seconds, and its CPU
+    seconds (user + system, from RUSAGE_CHILDREN)."""
+    cpu_before = children_cpu()
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, **kwargs)
+    return proc, time.perf_counter() - started, children_cpu() - cpu_before
+
+
+def run_json_worker(cmd: list[str], log_path: Path, timeout_s: float, name: str) -> dict[str, Any]:
+    """Run worker ``name`` that prints one JSON line last on stdout (stderr to ``log_path``);
+    that line, decoded."""
     with log_path.open("w") as log:
         proc = subprocess.run(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout_s
@@ -191,7 +237,7 @@ def run_json_worker(cmd: list[str], log_path: Path, timeout_s: float) -> dict[st
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = log_path.read_text()[-2000:]
-        raise RuntimeError(f"worker {cmd[-1]!r} failed (exit {proc.returncode}):\n{tail}")
+        raise RuntimeError(f"{name} worker failed (exit {proc.returncode}):\n{tail}")
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 
@@ -201,13 +247,11 @@ def rmqkit_startup(url: str, times: int = 3) -> dict[str, float]:
     CPU seconds over ``times`` runs."""
     walls, cpus = [], []
     for _ in range(times):
-        cpu = children_cpu()
-        started = time.perf_counter()
-        subprocess.run(
+        _, wall, cpu = run_timed(
             [rmqkit_exe(), "--version"], env=cli_env(url), check=True, stdout=subprocess.DEVNULL
         )
-        walls.append(time.perf_counter() - started)
-        cpus.append(children_cpu() - cpu)
+        walls.append(wall)
+        cpus.append(cpu)
     return {"seconds": statistics.median(walls), "cpu_seconds": statistics.median(cpus)}
 
 
@@ -304,12 +348,13 @@ def short_frame(frame: str) -> str:
     return f"{name} ({where})"
 
 
-def profile_top(path: Path, limit: int = 18, ours: str = "rmqkit/") -> str:
+def profile_top(path: Path, limit: int = 18, ours: str = "rmqkit/", loop_only: bool = False) -> str:
     """The hottest functions of a py-spy collapsed-stack file, by self share, and the frames
-    under ``ours`` by inclusive share; samples inside imports are counted apart."""
+    under ``ours`` by inclusive share; samples inside imports are counted apart, and so are,
+    with ``loop_only``, those outside the event loop (a worker's start-up and shutdown)."""
     own: dict[str, int] = {}
     inclusive: dict[str, int] = {}
-    total = imports = 0
+    total = imports = outside = 0
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -319,6 +364,9 @@ def profile_top(path: Path, limit: int = 18, ours: str = "rmqkit/") -> str:
         if any("_find_and_load" in f for f in raw):
             imports += count
             continue
+        if loop_only and not any("._run_once (" in f for f in raw):
+            outside += count
+            continue
         frames = [short_frame(f) for f in raw]
         total += count
         own[frames[-1]] = own.get(frames[-1], 0) + count
@@ -326,10 +374,14 @@ def profile_top(path: Path, limit: int = 18, ours: str = "rmqkit/") -> str:
             inclusive[frame] = inclusive.get(frame, 0) + count
     if not total:
         return f"{path}: no samples"
-    lines = [
-        f"{path.name}: {total} samples outside imports ({imports} more in imports)",
-        "  self%  function",
-    ]
+    if loop_only:
+        head = (
+            f"{path.name}: {total} samples in the event loop outside imports "
+            f"({imports} more in imports, {outside} more outside the loop)"
+        )
+    else:
+        head = f"{path.name}: {total} samples outside imports ({imports} more in imports)"
+    lines = [head, "  self%  function"]
     for frame, count in sorted(own.items(), key=lambda kv: -kv[1])[:limit]:
         lines.append(f"  {100 * count / total:5.1f}  {frame}")
     lines.append(f"  incl%  function ({ours} frames)")
@@ -337,6 +389,13 @@ def profile_top(path: Path, limit: int = 18, ours: str = "rmqkit/") -> str:
     for frame, count in sorted(mine, key=lambda kv: -kv[1])[:limit]:
         lines.append(f"  {100 * count / total:5.1f}  {frame}")
     return "\n".join(lines)
+
+
+def print_profiles(log_dir: Path, limit: int = 18, loop_only: bool = False) -> None:
+    """The summary (``profile_top``) of every py-spy profile in ``log_dir``."""
+    for collapsed in sorted(log_dir.glob("*.collapsed.txt")):
+        print()
+        print(profile_top(collapsed, limit=limit, loop_only=loop_only))
 
 
 # --- facts for the report -----------------------------------------------------------------------
@@ -390,3 +449,39 @@ def code_state(paths: tuple[str, ...] = ("rmqkit",)) -> dict[str, Any]:
         "commit": git("rev-parse", "--short", "HEAD").strip() or None,
         "modified": [line[3:] for line in dirty.splitlines() if line.strip()],
     }
+
+
+def command_line(module: str) -> str:
+    """How this benchmark was started, as ``python -m MODULE ARGS`` (the report's "command")."""
+    return " ".join([Path(sys.executable).name, "-m", module, *sys.argv[1:]])
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def write_report(report: dict[str, Any], dest: str | None) -> None:
+    """The report as indented JSON to ``dest`` (``-``: stdout; None: nowhere)."""
+    if dest == "-":
+        print(json.dumps(report, indent=2))
+    elif dest:
+        Path(dest).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"JSON written to {dest}")
+
+
+def resummarize(
+    path: str,
+    dest: str | None,
+    summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    invalid: Callable[[dict[str, Any]], str | None],
+    table: Callable[[dict[str, Any]], str],
+) -> int:
+    """``--summarize REPORT``: recompute the summary of a saved report and each sample's
+    ``invalid``, print the table; with ``dest``, write the report back there."""
+    report = json.loads(Path(path).read_text())
+    report["summary"] = summarize(report["samples"])
+    for sample in report["samples"]:
+        sample["invalid"] = invalid(sample)
+    print(table(report["summary"]))
+    if dest:
+        Path(dest).write_text(json.dumps(report, indent=2) + "\n")
+    return 0

@@ -41,32 +41,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import platform
-import resource
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-TOPOLOGY = ROOT / "bench" / "topology.toml"
+if __package__ in (None, ""):  # `python bench/consume_throughput.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common
+
+TOPOLOGY = common.ROOT / "bench" / "topology.toml"
 QUEUE = "bench.work"
 PREFETCH = 200
 BODY_BYTES = 256
-BASE_URL = os.environ.get("RMQKIT_BENCH_URL", "amqp://guest:guest@127.0.0.1:5672/")
-MGMT_URL = os.environ.get("RMQKIT_BENCH_MANAGEMENT_URL", "http://127.0.0.1:15672")
-MGMT_AUTH = ("guest", "guest")
 CONTENDERS = ("aio-pika", "faststream", "rmqkit", "rmqkit-retry")
 THROUGHPUT = ("aio-pika", "faststream", "rmqkit")
 POLL_S = 0.002  # how often a worker checks whether it is done (the same for every contender)
@@ -75,14 +71,6 @@ WORKER_TIMEOUT_S = 120.0
 
 
 # --- worker side (one contender, in its own process) ---------------------------------------
-
-
-def _rss_kb() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 async def _watch(done: Callable[[], bool], timeout_s: float = WORKER_TIMEOUT_S) -> dict[str, Any]:
@@ -99,11 +87,11 @@ async def _watch(done: Callable[[], bool], timeout_s: float = WORKER_TIMEOUT_S) 
         if now > deadline:
             raise TimeoutError(f"not done after {timeout_s:.0f}s ({Clock.calls} calls)")
         if Clock.calls and now >= next_rss:
-            samples.append(_rss_kb())
+            samples.append(common.rss_kb())
             next_rss = now + RSS_EVERY_S
         await asyncio.sleep(POLL_S)
     wall_end, cpu_end = perf_counter(), process_time()
-    samples.append(_rss_kb())
+    samples.append(common.rss_kb())
     return {
         "seconds": wall_end - Clock.first_wall,
         "cpu_seconds": cpu_end - Clock.first_cpu,
@@ -178,7 +166,7 @@ async def _worker_rmqkit(url: str, n: int, handler_spec: str, target: int) -> di
     policy = policy_from_topology(spec, QUEUE, flags.max_attempts)
     config = build_config(handler_spec, QUEUE, policy, flags, spec)
     configure_logging(config.log_format)  # as a worker process does (stderr: the parent's log)
-    handler = load_handler(config.handler, cwd=ROOT)
+    handler = load_handler(config.handler, cwd=common.ROOT)
     metrics = ConsumerMetrics(config.queue, config.tier_names)
     consumer = Consumer(settings, config, handler, metrics)
     run = asyncio.create_task(consumer.run())
@@ -210,9 +198,9 @@ async def _worker_rmqkit(url: str, n: int, handler_spec: str, target: int) -> di
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    url = with_vhost(BASE_URL, args.vhost)
-    rss_start = _rss_kb()
-    coro: Awaitable[dict[str, Any]]
+    url = common.with_vhost(common.BASE_URL, args.vhost)
+    rss_start = common.rss_kb()
+    coro: Coroutine[Any, Any, dict[str, Any]]
     if args.worker == "aio-pika":
         coro = _worker_aiopika(url, args.messages)
     elif args.worker == "faststream":
@@ -225,35 +213,13 @@ def worker_main(args: argparse.Namespace) -> int:
         coro = _worker_rmqkit(url, args.messages, "bench.handlers:fail_once", 2 * args.messages)
     else:
         raise SystemExit(f"unknown worker {args.worker!r}")
-    if args.cprofile:
-        import cProfile
-
-        with cProfile.Profile() as profile:
-            result = asyncio.run(coro)
-        profile.dump_stats(args.cprofile)
-    else:
-        result = asyncio.run(coro)
+    result = common.run_profiled(coro, args.cprofile)
     result.update(contender=args.worker, messages=args.messages, rss_kb_start=rss_start)
     print(json.dumps(result), flush=True)
     return 0
 
 
 # --- orchestrator side ------------------------------------------------------------------------
-
-
-def with_vhost(url: str, vhost: str) -> str:
-    """``url`` pointed at ``vhost`` (as rmqkit.settings.with_vhost; not imported here so that
-    the other contenders' processes do not load rmqkit and pydantic)."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + quote(vhost, safe=""), "", ""))
-
-
-def _api(method: str, path: str, **kwargs: Any) -> Any:
-    import httpx
-
-    response = httpx.request(method, MGMT_URL + "/api" + path, auth=MGMT_AUTH, timeout=30, **kwargs)
-    response.raise_for_status()
-    return response.json() if response.content else None
 
 
 def _queue_names() -> list[str]:
@@ -299,22 +265,6 @@ async def _fill(url: str, n: int) -> float:
         await conn.close()
 
 
-async def _counts(url: str, names: list[str]) -> dict[str, int]:
-    """Messages in each queue (passive declare: ready; nothing is unacked with no consumer)."""
-    import aiormq
-
-    conn = await aiormq.connect(url)
-    try:
-        channel = await conn.channel()
-        counts = {}
-        for name in names:
-            ok = await channel.queue_declare(name, passive=True)
-            counts[name] = int(ok.message_count or 0)
-        return counts
-    finally:
-        await conn.close()
-
-
 async def _purge(url: str, names: list[str]) -> None:
     import aiormq
 
@@ -330,189 +280,12 @@ async def _purge(url: str, names: list[str]) -> None:
 def _run_worker(
     contender: str, vhost: str, n: int, log_dir: Path, tag: str, profile: str | None
 ) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.consume_throughput",
-        "--worker",
-        contender,
-        "--vhost",
-        vhost,
-        "--messages",
-        str(n),
-    ]
+    cmd = common.worker_cmd(["-m", "bench.consume_throughput"], contender, vhost, n)
     if profile == "cprofile":
         cmd += ["--cprofile", str(log_dir / f"{tag}.prof")]
-    elif profile == "py-spy":
-        spy = Path(sys.executable).with_name("py-spy")
-        out = str(log_dir / f"{tag}.collapsed.txt")  # collapsed stacks: flamegraph.pl, speedscope
-        cmd = [str(spy), "record", "--rate", "500", "--format", "raw", "-o", out, "--", *cmd]
-    log_path = log_dir / f"{tag}.log"
-    with log_path.open("w") as log:
-        proc = subprocess.run(
-            cmd,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            timeout=WORKER_TIMEOUT_S + 60,
-            check=False,
-        )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = log_path.read_text()[-2000:]
-        raise RuntimeError(f"{contender} worker failed (exit {proc.returncode}):\n{tail}")
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
-
-
-# --- a shared machine: measure what else is using the CPUs -----------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _system_busy_s() -> float:
-    """CPU seconds spent on all CPUs, not idle, since boot (/proc/stat)."""
-    with open("/proc/stat") as stat:
-        values = [int(v) for v in stat.readline().split()[1:9]]
-    return (sum(values) - values[3] - values[4]) / _TICK  # minus idle and iowait
-
-
-def _broker_pids() -> list[int]:
-    """The OS pids of the broker's nodes (management API), else every local beam.smp."""
-    with contextlib.suppress(Exception):
-        found = [int(n["os_pid"]) for n in _api("GET", "/nodes") if n.get("os_pid")]
-        if found:
-            return found
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError), open(f"/proc/{entry}/comm") as comm:
-                if comm.read().strip() == "beam.smp":
-                    pids.append(int(entry))
-    return pids
-
-
-def _cpu_of(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-    return total
-
-
-class CpuWatch:
-    """Around one worker run: CPU used by the worker (children), the broker, and everyone else.
-
-    ``foreign_share`` is the others' CPU over the capacity of the machine during the run; on a
-    shared machine a run with a high share was slowed down by someone else.
-    """
-
-    def __init__(self) -> None:
-        self.broker = _broker_pids()  # the broker on this machine (beam.smp); [] if remote
-        self.broker_cpu_s = 0.0
-        self.foreign_share = 0.0
-
-    def __enter__(self) -> CpuWatch:
-        self._t = time.perf_counter()
-        self._busy = _system_busy_s()
-        self._broker = _cpu_of(self.broker)
-        self._self = resource.getrusage(resource.RUSAGE_SELF)
-        self._children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        wall = time.perf_counter() - self._t
-        busy = _system_busy_s() - self._busy
-        me = resource.getrusage(resource.RUSAGE_SELF)
-        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-        own = (me.ru_utime + me.ru_stime) - (self._self.ru_utime + self._self.ru_stime)
-        worker = (kids.ru_utime + kids.ru_stime) - (
-            self._children.ru_utime + self._children.ru_stime
-        )
-        self.broker_cpu_s = _cpu_of(self.broker) - self._broker
-        foreign = max(0.0, busy - own - worker - self.broker_cpu_s)
-        self.foreign_share = foreign / (wall * (os.cpu_count() or 1))
-
-
-def _wait_quiet(max_wait_s: float, busy_below: float = 0.15) -> float:
-    """Wait (up to ``max_wait_s``) for a second with the CPUs mostly idle; seconds waited."""
-    started = time.monotonic()
-    cpus = os.cpu_count() or 1
-    while True:
-        before = _system_busy_s()
-        time.sleep(1.0)
-        if (_system_busy_s() - before) / cpus < busy_below:
-            break
-        if time.monotonic() - started > max_wait_s:
-            print(f"  (machine still busy after {max_wait_s:.0f}s: running anyway)", flush=True)
-            break
-    return time.monotonic() - started - 1.0
-
-
-def _wait_for_broker(url: str, max_wait_s: float = 180.0) -> None:
-    """After a failure: wait until the broker answers on AMQP again (it may be restarting)."""
-    import aiormq
-
-    async def probe() -> None:
-        conn = await aiormq.connect(url)
-        await conn.close()
-
-    deadline = time.monotonic() + max_wait_s
-    while time.monotonic() < deadline:
-        try:
-            asyncio.run(probe())
-            return
-        except Exception:
-            time.sleep(2)
-
-
-def _delete_vhost(vhost: str) -> None:
-    for _ in range(60):  # the broker may be restarting (e.g. a fault-injection test elsewhere)
-        try:
-            _api("DELETE", f"/vhosts/{quote(vhost, safe='')}")
-            return
-        except Exception:
-            time.sleep(3)
-    print(f"could not delete vhost {vhost!r}: delete it by hand", file=sys.stderr)
-
-
-def profile_top(path: Path, limit: int = 15) -> str:
-    """The hottest functions of a py-spy collapsed-stack file, by self and by inclusive share."""
-    own: dict[str, int] = {}
-    inclusive: dict[str, int] = {}
-    total = 0
-    for line in path.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        raw = stack.split(";")
-        if not any("._run_once (" in f for f in raw) or any("_find_and_load" in f for f in raw):
-            continue  # not in the event loop, or importing: start-up costs
-        frames = [_short_frame(f) for f in raw]
-        total += count
-        own[frames[-1]] = own.get(frames[-1], 0) + count
-        for frame in set(frames):
-            inclusive[frame] = inclusive.get(frame, 0) + count
-    if not total:
-        return f"{path}: no samples"
-    lines = [f"{path.name}: {total} samples", "  self%  function"]
-    for frame, count in sorted(own.items(), key=lambda kv: -kv[1])[:limit]:
-        lines.append(f"  {100 * count / total:5.1f}  {frame}")
-    lines.append("  incl%  function (rmqkit frames)")
-    ours = [(f, c) for f, c in inclusive.items() if f.split(" (", 1)[-1].startswith("rmqkit/")]
-    for frame, count in sorted(ours, key=lambda kv: -kv[1])[:limit]:
-        lines.append(f"  {100 * count / total:5.1f}  {frame}")
-    return "\n".join(lines)
-
-
-def _short_frame(frame: str) -> str:
-    # "Class.function (pkg/file.py:line)" -> "Class.function (pkg/file.py)": one entry per
-    # function, whatever line of it was running
-    name, _, where = frame.partition(" (")
-    return f"{name} ({where.rstrip(')').rsplit(':', 1)[0]})"
+    elif profile == "py-spy":  # collapsed stacks: flamegraph.pl, speedscope
+        cmd = common.py_spy(cmd, log_dir / f"{tag}.collapsed.txt", rate=500)
+    return common.run_json_worker(cmd, log_dir / f"{tag}.log", WORKER_TIMEOUT_S + 60, contender)
 
 
 def _faststream_available() -> bool:
@@ -521,32 +294,6 @@ def _faststream_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _broker_facts() -> dict[str, Any]:
-    overview = _api("GET", "/overview")
-    return {
-        "rabbitmq": overview.get("rabbitmq_version"),
-        "erlang": overview.get("erlang_version"),
-    }
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in ("rmqkit", "aio-pika", "aiormq", "pamqp", "faststream"):
-        with contextlib.suppress(PackageNotFoundError):
-            found[name] = version(name)
-    return found
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
-        for line in info:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def _invalid(result: dict[str, Any]) -> str | None:
@@ -644,8 +391,6 @@ def orchestrate(args: argparse.Namespace) -> int:
     if "faststream" in contenders and not _faststream_available():
         print("faststream is not installed (pip install -e '.[bench]'): skipping it")
         contenders.remove("faststream")
-    vhost = f"rmqkit-bench-{uuid.uuid4().hex[:6]}"
-    url = with_vhost(BASE_URL, vhost)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="rmqkit-bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     names = _queue_names()
@@ -654,19 +399,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     failures: list[dict[str, Any]] = []
     started = time.monotonic()
     load_before = os.getloadavg()
-    _api("PUT", f"/vhosts/{quote(vhost, safe='')}", json={})
+    vhost, url = common.create_vhost("rmqkit-bench")
     try:
-        perms = {"configure": ".*", "write": ".*", "read": ".*"}
-        _api("PUT", f"/permissions/{quote(vhost, safe='')}/guest", json=perms)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-        env["RMQKIT_URL"] = url
-        subprocess.run(
-            [sys.executable, "-m", "rmqkit", "declare", str(TOPOLOGY)],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        common.declare(TOPOLOGY, url)
         for rnd in range(args.rounds):
             shift = rnd % len(contenders)
             order = contenders[shift:] + contenders[:shift]
@@ -676,23 +411,23 @@ def orchestrate(args: argparse.Namespace) -> int:
                 result: dict[str, Any] | None = None
                 for attempt in range(1, args.reruns + 2):
                     try:
-                        left = asyncio.run(_counts(url, names))
+                        left = asyncio.run(common.depths(url, names))
                         if any(left.values()):
                             print(f"  (purging leftovers {left})")
                             asyncio.run(_purge(url, names))
                         fills.append(asyncio.run(_fill(url, args.messages)))
-                        waited = _wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else 0.0
-                        with CpuWatch() as watch:
+                        waited = common.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else 0.0
+                        with common.CpuWatch() as watch:
                             result = _run_worker(
                                 contender, vhost, args.messages, log_dir, tag, profile
                             )
-                        left = asyncio.run(_counts(url, names))
+                        left = asyncio.run(common.depths(url, names))
                     except Exception as exc:  # e.g. someone restarted the broker
                         line = f"{type(exc).__name__}: {exc}".splitlines()[0]
                         print(f"round {rnd + 1} {contender:<13} FAILED ({line})", flush=True)
                         failures.append({"round": rnd + 1, "contender": contender, "error": line})
                         result = None
-                        _wait_for_broker(url)
+                        common.wait_for_broker(url)
                         continue
                     result["left_in_queues"] = {k: v for k, v in left.items() if v}
                     invalid = _invalid(result)
@@ -726,7 +461,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     flush=True,
                 )
     finally:
-        _delete_vhost(vhost)
+        common.delete_vhost(vhost)
     summary = _summarize(samples)
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -740,17 +475,9 @@ def orchestrate(args: argparse.Namespace) -> int:
             "disturbed_above": args.disturbed,
             "reruns": args.reruns,
         },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "cpu_model": _cpu_model(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            # the broker shares these CPUs; anything else running skews the numbers
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        },
-        "broker": _broker_facts(),
-        "versions": _versions(),
+        "machine": common.machine_facts(load_before),
+        "broker": common.broker_facts(),
+        "versions": common.versions(("rmqkit", "aio-pika", "aiormq", "pamqp", "faststream")),
         "fill_msg_per_s_median": statistics.median(fills) if fills else None,
         "total_seconds": time.monotonic() - started,
         "summary": summary,
@@ -761,14 +488,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     print()
     print(_table(summary))
     print(f"\nworker logs in {log_dir}; total {report['total_seconds']:.0f}s")
-    for collapsed in sorted(log_dir.glob("*.collapsed.txt")):
-        print()
-        print(profile_top(collapsed))
-    if args.json == "-":
-        print(json.dumps(report, indent=2))
-    elif args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"JSON written to {args.json}")
+    # only the samples in the event loop: not the worker's start-up and shutdown
+    common.print_profiles(log_dir, limit=15, loop_only=True)
+    common.write_report(report, args.json)
     bad = [s for s in samples if _invalid(s)]
     if bad or failures:
         print(
@@ -821,14 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
     if args.summarize:
-        report = json.loads(Path(args.summarize).read_text())
-        report["summary"] = _summarize(report["samples"])
-        for sample in report["samples"]:
-            sample["invalid"] = _invalid(sample)
-        print(_table(report["summary"]))
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        return 0
+        return common.resummarize(args.summarize, args.json, _summarize, _invalid, _table)
     return orchestrate(args)
 
 

@@ -246,21 +246,8 @@ def _fresh_queue(url: str, topology: Path) -> None:
 
 
 def _worker_cmd(contender: str, vhost: str, n: int, bodies: Path, window: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "bench.publish_bench",
-        "--worker",
-        contender,
-        "--vhost",
-        vhost,
-        "--messages",
-        str(n),
-        "--bodies",
-        str(bodies),
-        "--window",
-        str(window),
-    ]
+    cmd = common.worker_cmd(["-m", "bench.publish_bench"], contender, vhost, n)
+    return [*cmd, "--bodies", str(bodies), "--window", str(window)]
 
 
 def _run_cli(
@@ -272,9 +259,7 @@ def _run_cli(
         cmd = common.py_spy(cmd, log_dir / f"{tag}.collapsed.txt")
     log_path = log_dir / f"{tag}.log"
     with bodies.open("rb") as stdin, log_path.open("w") as log:
-        cpu_before = common.children_cpu()
-        started = time.perf_counter()
-        proc = subprocess.run(
+        proc, seconds, cpu_seconds = common.run_timed(
             cmd,
             cwd=common.ROOT,
             env=common.cli_env(url),
@@ -284,8 +269,6 @@ def _run_cli(
             text=True,
             timeout=WORKER_TIMEOUT_S,
         )
-        seconds = time.perf_counter() - started
-        cpu_seconds = common.children_cpu() - cpu_before
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     summary = json.loads(lines[-1]) if lines else {}
     return {
@@ -315,14 +298,14 @@ def _run_one(
     cmd = _worker_cmd(contender, vhost, n, bodies, window)
     if profile:
         cmd = common.py_spy(cmd, log_dir / f"{tag}.collapsed.txt")
-    return common.run_json_worker(cmd, log_dir / f"{tag}.log", WORKER_TIMEOUT_S + 60)
+    return common.run_json_worker(cmd, log_dir / f"{tag}.log", WORKER_TIMEOUT_S + 60, contender)
 
 
 def _invalid(s: dict[str, Any]) -> str | None:
     """Why a run does not count (None: it does)."""
     n = s["messages"]
     if s.get("error"):
-        return s["error"]
+        return str(s["error"])
     if s.get("exit_code"):
         return f"exit {s['exit_code']}"
     if s.get("published") != n or s.get("confirmed") != n:
@@ -549,9 +532,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     summary = _summarize(samples)
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join(
-            [Path(sys.executable).name, "-m", "bench.publish_bench", *sys.argv[1:]]
-        ),
+        "command": common.command_line("bench.publish_bench"),
         "params": {
             "rounds": args.rounds,
             "messages": n,
@@ -582,14 +563,8 @@ def orchestrate(args: argparse.Namespace) -> int:
     if code["modified"]:
         print(f"note: the working tree differs from {code['commit']} in {code['modified']}")
     print(f"logs in {log_dir}; total {report['total_seconds']:.0f}s")
-    for collapsed in sorted(log_dir.glob("*.collapsed.txt")):
-        print()
-        print(common.profile_top(collapsed))
-    if args.json == "-":
-        print(json.dumps(report, indent=2))
-    elif args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"JSON written to {args.json}")
+    common.print_profiles(log_dir)
+    common.write_report(report, args.json)
     missing = [c for c in contenders if summary["contenders"].get(c, {}).get("runs") != args.rounds]
     if missing:
         print(f"WARNING: no valid run in some rounds for {missing}", file=sys.stderr)
@@ -641,14 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
     if args.summarize:
-        report = json.loads(Path(args.summarize).read_text())
-        report["summary"] = _summarize(report["samples"])
-        for sample in report["samples"]:
-            sample["invalid"] = _invalid(sample)
-        print(_table(report["summary"]))
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        return 0
+        return common.resummarize(args.summarize, args.json, _summarize, _invalid, _table)
     return orchestrate(args)
 
 
