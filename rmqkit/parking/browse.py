@@ -369,6 +369,7 @@ class _Acks:
         return len(self._taken) >= self.BATCH
 
     async def flush(self, *, final: bool = False) -> None:
+        # Decide everything before the first await: confirms settle during it and call take().
         tags = sorted(self._taken)
         self._taken = []
         i, last = 0, 0
@@ -381,12 +382,14 @@ class _Acks:
             else:
                 break
             self.floor += 1
-        if last:
-            await self.channel.basic_ack(last, multiple=True)
         rest = tags[i:]
+        singly: list[int] = []
         if rest and (self.blocked or final or len(rest) >= self.BATCH):
-            for tag in rest:
-                await self.channel.basic_ack(tag)
+            singly = rest
             self._acked_singly.update(rest)
         else:
-            self._taken = rest
+            self._taken.extend(rest)
+        if last:
+            await self.channel.basic_ack(last, multiple=True)
+        for tag in singly:
+            await self.channel.basic_ack(tag)

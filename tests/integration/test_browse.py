@@ -4,6 +4,7 @@ queue, and each browse leaves the queue whole for the next command."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiormq
@@ -11,7 +12,7 @@ import pytest
 
 from rmqkit.parking.browse import BrowseIncomplete, Verdict, browse
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
-from rmqkit.parking.ops import list_parked
+from rmqkit.parking.ops import list_parked, replay_parked
 from rmqkit.settings import with_vhost
 from tests import broker
 
@@ -117,3 +118,18 @@ def test_a_queue_that_delivers_nothing_is_an_error_not_an_empty_result(vhost: st
 
     broker.run(scenario())
     assert broker.depths(vhost, [name])[name] == 5  # the held one is back too
+
+
+def test_a_full_replay_leaves_no_original_behind(vhost: str) -> None:
+    """Every message taken: acks go as multiple-acks while confirms keep arriving. A lost ack
+    would leave an original parked next to its confirmed copy (seen as ~1% before the fix)."""
+    source, target, count = "b.full.parking", "b.full.target", 5_000
+    _declare(vhost, source)
+    _declare(vhost, target)
+    broker.publish_with_ids(vhost, "", source, [(f"r-{i}", b"r" * 200) for i in range(count)])
+    settings = broker.settings_for(vhost)
+    report = broker.run(replay_parked(settings, source, ParkedFilter(), routing_key=target))
+    assert (report.selected, report.replayed) == (count, count)
+    # Returned originals would be back within a second or two; give them three.
+    time.sleep(3)
+    assert broker.depths(vhost, [source, target]) == {source: 0, target: count}

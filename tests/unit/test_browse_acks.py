@@ -68,3 +68,32 @@ def test_a_gap_waits_for_its_confirm_then_one_multiple_ack_covers_it() -> None:
     channel = _run(299, set(), order)
     assert channel.outstanding == set()
     assert channel.calls[-1] == (299, True)
+
+
+def test_tags_taken_while_an_ack_is_being_sent_are_not_lost() -> None:
+    """Confirms resolve (and call take) while flush awaits the channel."""
+    channel = Recorder()
+    channel.outstanding = set(range(1, 2001))
+    acks = _Acks(channel)  # type: ignore[arg-type]
+    incoming = iter(range(1, 2001))
+    original = channel.basic_ack
+
+    async def slow_ack(tag: int, multiple: bool = False) -> None:
+        await asyncio.sleep(0)
+        for _ in range(3):  # three confirms land during each ack frame
+            nxt = next(incoming, None)
+            if nxt is not None:
+                acks.take(nxt)
+        await original(tag, multiple)
+
+    channel.basic_ack = slow_ack  # type: ignore[method-assign]
+
+    async def go() -> None:
+        for tag in incoming:
+            acks.take(tag)
+            if acks.due:
+                await acks.flush()
+        await acks.flush(final=True)
+
+    asyncio.run(go())
+    assert channel.outstanding == set()
