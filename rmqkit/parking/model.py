@@ -42,21 +42,24 @@ class ParkedMessage:
     @classmethod
     def from_delivery(cls, tag: int, properties: Basic.Properties, body: bytes) -> ParkedMessage:
         headers: dict[str, Any] = dict(properties.headers or {})
-        history = read_death_history(headers)
         reason = _text(headers.get(h.PARK_REASON))
-        if reason is None and history.delivery_limit_hit:
-            reason = h.ParkingReason.DELIVERY_LIMIT.value
-        elif reason is None and history.events:
-            reason = history.events[0].reason  # dead-lettered by the broker (rejected, expired…)
         origin = _text(headers.get(h.ORIGIN_QUEUE))
-        if origin is None and history.events:
-            origin = history.events[-1].queue  # the oldest event: where it first died
         attempts = headers.get(h.ATTEMPT)
-        if not isinstance(attempts, int):
-            attempts = sum(e.count for e in history.events if e.reason != "expired")
         last = h.parse_timestamp(headers.get(h.LAST_FAILED_AT))
-        if last is None and history.events:
-            last = history.events[0].time
+        # rmqkit's own headers say it all for what its consumer parked; x-death is read only
+        # for what the broker dead-lettered (it was 8% of a `list`).
+        if reason is None or origin is None or not isinstance(attempts, int) or last is None:
+            history = read_death_history(headers)
+            if reason is None and history.delivery_limit_hit:
+                reason = h.ParkingReason.DELIVERY_LIMIT.value
+            elif reason is None and history.events:
+                reason = history.events[0].reason  # dead-lettered by the broker (rejected…)
+            if origin is None and history.events:
+                origin = history.events[-1].queue  # the oldest event: where it first died
+            if not isinstance(attempts, int):
+                attempts = sum(e.count for e in history.events if e.reason != "expired")
+            if last is None and history.events:
+                last = history.events[0].time
         return cls(
             delivery_tag=tag,
             properties=properties,
