@@ -571,18 +571,23 @@ def test_leader_node_stopped_during_consumption_and_during_replay(sc: Scenario) 
     leader = sc.cluster.leader(sc.vhost, WORK)
     other = next(s for s in NAMES if s != leader)
     sc.brake(True)
-    rate = max(20, len(parks) // 5)  # about five seconds of replay
-    replay = sc.cli_background(
-        "parking", "replay", PARKING, "--rate", str(rate), "--json", first=other
-    )
-    if sc.consumer_nodes() != {leader}:  # a consumer on the leader's node, to fail over again
+    # A consumer on the leader's node, to fail over again — before the replay starts: moving it
+    # takes seconds (graceful stop, new process, listed by the management API).
+    if sc.consumer_nodes() != {leader}:
         assert consumer.stop(timeout=60) == 0
         sc.consume(first=leader)
         sc.listed_on(leader)
+    # About twenty seconds of replay: the stop (`rabbitmqctl stop_app`, seconds) lands in it.
+    rate = max(10, len(parks) // 20)
+    replay = sc.cli_background(
+        "parking", "replay", PARKING, "--rate", str(rate), "--json", first=other
+    )
     sc.wait_processed("parks", len(parks) // 10, 60, "the replay under way")
     sc.cluster.stop_app(leader)
     sc.phase(f"(b) stop_app {leader}")
     stopped_at = sc.processed("parks")
+    # Still replaying once the node is down (or failed by the stop: rerun below).
+    replaying = replay.poll() is None or replay.returncode != 0
     try:
         sc.wait(
             lambda: sc.consumer_nodes() and leader not in sc.consumer_nodes(),
@@ -603,6 +608,7 @@ def test_leader_node_stopped_during_consumption_and_during_replay(sc: Scenario) 
     finally:
         sc.brake(False)
         sc.start_app_later(leader)
+    assert replaying, f"{leader} stopped after the replay had finished ({stopped_at} processed)"
     sc.phase("replay done")
     if replay.returncode != 0:  # documented as safe to run again: only what is still parked
         again = sc.cli("parking", "replay", PARKING, "--json", first=other, timeout=300)
