@@ -39,14 +39,6 @@ from tests.faults.cluster import (
 from tests.faults.idempotent_handlers import clear_switch, set_switch
 from tests.faults.ledger import Ledger, LedgerReport, check
 
-# Opt-in until stabilised: in the last full CI check on this 2-core machine one scenario failed
-# once (it passed in the runs before). `RMQKIT_FAULT_CLUSTER=1 scripts/test tests/faults` runs
-# them; docs/reliability.md has their ledgers.
-pytestmark = pytest.mark.skipif(
-    os.environ.get("RMQKIT_FAULT_CLUSTER") != "1",
-    reason="3-node cluster scenarios are opt-in (RMQKIT_FAULT_CLUSTER=1) until stabilised",
-)
-
 T = TypeVar("T")
 SOAK = os.environ.get("RMQKIT_SOAK") == "1"
 N = int(os.environ.get("RMQKIT_FAULT_COUNT", 100_000 if SOAK else 2_000))
