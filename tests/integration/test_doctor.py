@@ -84,11 +84,23 @@ async def _publish_raw(
 
 
 class BackgroundPublisher(threading.Thread):
-    """Publishes persistent messages to a queue every ``every_s`` until stopped."""
+    """Publishes persistent messages to a queue (or ``exchange``) every ``every_s`` until
+    stopped, or ``limit`` of them and then stays connected: the management API counts a
+    channel's publishes when it emits the channel's stats, which a channel closed at once
+    may never do (the unroutable check's evidence was seen missing that way)."""
 
-    def __init__(self, vhost: str, queue: str, every_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        vhost: str,
+        queue: str,
+        every_s: float = 0.05,
+        *,
+        exchange: str = "",
+        limit: int | None = None,
+    ) -> None:
         super().__init__(daemon=True)
         self.vhost, self.queue, self.every_s = vhost, queue, every_s
+        self.exchange, self.limit = exchange, limit
         self.stopping = threading.Event()
         self.sent = 0
 
@@ -99,12 +111,19 @@ class BackgroundPublisher(threading.Thread):
         conn = await aio_pika.connect(with_vhost(broker.BASE_URL, self.vhost))
         try:
             channel = await conn.channel()
+            target = (
+                await channel.get_exchange(self.exchange)
+                if self.exchange
+                else channel.default_exchange
+            )
             while not self.stopping.is_set():
-                await channel.default_exchange.publish(
-                    aio_pika.Message(b"{}", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                    routing_key=self.queue,
-                )
-                self.sent += 1
+                if self.limit is None or self.sent < self.limit:
+                    await target.publish(
+                        aio_pika.Message(b"{}", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                        routing_key=self.queue,
+                        mandatory=False,  # unroutable ones are dropped, as the check expects
+                    )
+                    self.sent += 1
                 await asyncio.sleep(self.every_s)
         finally:
             await conn.close()
@@ -269,9 +288,9 @@ def test_unroutable_publishes_dropped_without_alternate_exchange(
 ) -> None:
     vhost = fresh_vhost()
     put_exchange(vhost, "events")
-    broker.run(_publish_raw(vhost, "events", "nobody.listens", 5, persistent=True, mandatory=False))
-    await_checks(vhost, {"unroutable-dropped"}, {"events"})
-    code, report = doctor(vhost)
+    with BackgroundPublisher(vhost, "nobody.listens", exchange="events", limit=5):
+        await_checks(vhost, {"unroutable-dropped"}, {"events"}, timeout_s=30)
+        code, report = doctor(vhost)
     (finding,) = only_finding(report, "unroutable-dropped")
     assert (code, finding["severity"], finding["object"]) == (1, "warning", "events")
     assert "dropped 5 unroutable" in finding["evidence"]
