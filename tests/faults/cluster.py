@@ -143,6 +143,10 @@ class Node:
             "loopback_users.guest = true\n"
             # Management lists (connections, queue leaders) a little fresher than the 5 s default.
             "collect_statistics_interval = 500\n"
+            # No result cache: by default a list query is answered from the result of the last
+            # one for 5 times as long as that one took, so one slow query (a loaded machine, a
+            # node going down) serves a stale list for many seconds.
+            "management.db_cache_multiplier = 0\n"
         )
         _chown_rabbitmq(self.base)
 
@@ -559,6 +563,38 @@ class Cluster:
                 name_prefix
             )
         ]
+
+    def live_connections(self, vhost: str, name_prefix: str = "") -> list[str]:
+        """The node of each connection named ``name_prefix``… in ``vhost``, as the brokers' own
+        connection processes report them (`rabbitmqctl list_connections`, asked of the first
+        node whose app answers; it lists the whole cluster). Unlike the management API's list,
+        which is built from statistics, it has no stats lag and no result cache: a connection
+        is listed once open and gone once closed."""
+        by_port = {node.port: short for short, node in self.nodes.items()}
+        errors = []
+        for short in NAMES:
+            result = rabbitmqctl(
+                self.nodes[short].name,
+                "list_connections",
+                "-p",
+                vhost,
+                "port",
+                "client_properties",
+                "--formatter",
+                "json",
+                check=False,
+                timeout=60,
+            )
+            if result.returncode != 0:
+                errors.append(f"{short}: exit {result.returncode}")
+                continue
+            out = []
+            for row in json.loads(result.stdout or "[]"):
+                props = {key: value for key, _, value in row.get("client_properties") or []}
+                if str(props.get("connection_name", "")).startswith(name_prefix):
+                    out.append(by_port.get(int(row["port"]), f"port {row['port']}"))
+            return out
+        raise RuntimeError(f"no node listed the connections: {errors}")
 
     def close_connections(self, vhost: str, name_prefix: str = "") -> int:
         closed = 0

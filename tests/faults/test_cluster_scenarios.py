@@ -120,6 +120,7 @@ class Scenario:
         self._publishing: dict[int, int] = {}  # pid → messages, of background publishers
         self.restarts: list[threading.Thread] = []
         self.restart_errors: list[BaseException] = []
+        self.last_seen = ""  # what the last management read saw (in a timed-out wait's message)
 
     # --- plumbing ------------------------------------------------------------------------------
     def env(self, first: str | None = None) -> dict[str, str]:
@@ -250,16 +251,20 @@ class Scenario:
         return consumer
 
     def consumer_nodes(self) -> set[str]:
-        """Nodes the consumers' connections are on (management API connections list)."""
-        return {
-            str(c.get("node", "")).split("@")[0]
-            for c in self.cluster.connections(self.vhost, "rmqkit consume")
-        }
+        """Nodes the consumers' connections are on, as the brokers list them (live, not the
+        management API's statistics: those lagged and, cached, stayed stale for a minute)."""
+        nodes = self.cluster.live_connections(self.vhost, "rmqkit consume")
+        self.last_seen = f"consumer connections on {nodes}"
+        return set(nodes)
 
     def listed_on(self, node: str) -> None:
-        """Wait until the management API lists the consumer's connections, all on ``node``
-        (the list lags by a stats interval: start the consumer first, then publish)."""
+        """Wait until the consumer's connections are all on ``node``."""
         self.wait(lambda: self.consumer_nodes() == {node}, 30, f"the consumer listed on {node}")
+
+    def moved_off(self, node: str) -> set[str]:
+        """The consumer's nodes once it has connections and none of them is on ``node``."""
+        nodes = self.consumer_nodes()
+        return nodes if nodes and node not in nodes else set()
 
     def brake(self, on: bool) -> None:
         """Hold consumption slow (the handler sleeps) until a fault has landed."""
@@ -276,12 +281,14 @@ class Scenario:
 
     def wait(self, fn: Callable[[], T], timeout_s: float, what: str) -> T:
         """``fn()`` once it is truthy (polled); the scenario fails after the timeout."""
+        self.last_seen = ""
         value = poll(fn, timeout_s * SCALE_TIMEOUT, 0.2)
         if value:
             return value
         logs = "\n".join(f"--- {c.log_path.name}\n{c.output()[-3000:]}" for c in self.consumers)
         pytest.fail(
-            f"{self.name}: timed out after {timeout_s * SCALE_TIMEOUT:.0f}s waiting for {what}; "
+            f"{self.name}: timed out after {timeout_s * SCALE_TIMEOUT:.0f}s waiting for {what} "
+            f"(last: {value!r}{'; ' + self.last_seen if self.last_seen else ''}); "
             f"processed {self.ledger.processed()} of {len(self.ledger.sent)}\n{logs}"
         )
 
@@ -452,21 +459,15 @@ def test_restart_of_the_consumers_node(sc: Scenario) -> None:
     sc.brake(True)
     sc.consume(first="rmqb")
     publisher = sc.publish_background(jobs(N, "good"))
-    # The node the consumer is connected to, from the management API's connections list.
-    sc.wait(lambda: sc.consumer_nodes(), 30, "the consumer's connections listed")
-    [node] = sc.consumer_nodes()
+    # The node the consumer is connected to, as the brokers list its connections.
+    [node] = sc.wait(sc.consumer_nodes, 30, "the consumer's connections listed")
     sc.published(publisher)
     sc.wait_processed(None, N // 20, 60, "consumption under way")
     sc.cluster.stop_app(node)
     sc.phase(f"stop_app {node}")
     stopped_at = sc.processed()
     try:
-        sc.wait(
-            lambda: sc.consumer_nodes() and node not in sc.consumer_nodes(),
-            60,
-            "the consumer to reconnect to another node",
-        )
-        moved = sc.consumer_nodes()
+        moved = sc.wait(lambda: sc.moved_off(node), 60, "the consumer to reconnect to another node")
         sc.phase("consumer moved")
         sc.brake(False)
         sc.wait_processed(None, min(N, stopped_at + N // 10), 60, "consumption to resume")
@@ -537,7 +538,7 @@ def test_leader_node_stopped_during_consumption_and_during_replay(sc: Scenario) 
     stopped_at = sc.processed()
     try:
         sc.wait(
-            lambda: sc.consumer_nodes() and leader not in sc.consumer_nodes(),
+            lambda: sc.moved_off(leader),
             60,
             "the consumer to fail over to another URL",
         )
@@ -582,7 +583,7 @@ def test_leader_node_stopped_during_consumption_and_during_replay(sc: Scenario) 
     replaying = replay.poll() is None or replay.returncode != 0
     try:
         sc.wait(
-            lambda: sc.consumer_nodes() and leader not in sc.consumer_nodes(),
+            lambda: sc.moved_off(leader),
             60,
             "the consumer to fail over during the replay",
         )
