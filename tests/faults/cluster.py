@@ -573,23 +573,28 @@ class Cluster:
         by_port = {node.port: short for short, node in self.nodes.items()}
         errors = []
         for short in NAMES:
-            result = rabbitmqctl(
-                self.nodes[short].name,
-                "list_connections",
-                "-p",
-                vhost,
-                "port",
-                "client_properties",
-                "--formatter",
-                "json",
-                check=False,
-                timeout=60,
-            )
-            if result.returncode != 0:
+            try:
+                result = rabbitmqctl(
+                    self.nodes[short].name,
+                    "list_connections",
+                    "-p",
+                    vhost,
+                    "port",
+                    "client_properties",
+                    "--formatter",
+                    "json",
+                    check=False,
+                    timeout=60,
+                )
+                rows = json.loads(result.stdout or "[]") if result.returncode == 0 else None
+            except (subprocess.TimeoutExpired, ValueError) as exc:
+                errors.append(f"{short}: {type(exc).__name__}")
+                continue
+            if rows is None:
                 errors.append(f"{short}: exit {result.returncode}")
                 continue
             out = []
-            for row in json.loads(result.stdout or "[]"):
+            for row in rows:
                 props = {key: value for key, _, value in row.get("client_properties") or []}
                 if str(props.get("connection_name", "")).startswith(name_prefix):
                     out.append(by_port.get(int(row["port"]), f"port {row['port']}"))
