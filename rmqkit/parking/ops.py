@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import aiormq
 from pamqp import commands as spec
@@ -231,7 +231,8 @@ async def replay_parked(
     next_at = time.monotonic()
     async with parking_session(settings, queue) as session:
         total = await _ready_count(session)
-        publisher = await session.raw.channel(publisher_confirms=True)
+        # The concrete channel: its basic_publish takes wait= (AbstractChannel does not say so).
+        publisher = cast(aiormq.Channel, await session.raw.channel(publisher_confirms=True))
         window = asyncio.Semaphore(PUBLISH_WINDOW)
         seen = 0
 
@@ -245,6 +246,7 @@ async def replay_parked(
                     routing_key=key,
                     properties=copy,
                     mandatory=True,
+                    wait=False,  # no drain future per frame: the window bounds what is queued
                 )
             except aiormq.exceptions.DeliveryError as exc:
                 result = exc.frame  # a return or a nack, raised rather than returned by aiormq
