@@ -168,24 +168,31 @@ async def browse(
     are still pending are waited for, never returned while their copy may be unconfirmed.
     """
     stats = BrowseStats()
-    channel = await conn.channel()
-    declared = await channel.queue_declare(queue, passive=True)
-    stats.queue_count = remaining = int(declared.message_count or 0)
-    stats.other_consumers = int(declared.consumer_count or 0)
-    await channel.close()
-    while remaining > 0 and not stats.stopped_early:
-        size = min(remaining, window)
-        seen = await _one_pass(
-            conn, queue, visit, settle, size, idle_check_s, stall_timeout_s, stats
-        )
-        if seen < size:
-            break  # the rest was taken by another consumer during the pass
-        remaining -= seen
+    # One probe channel for the whole browse (the first count and the settle polls): opening
+    # a channel right after closing one was seen to get the closed one's Close-Ok (aiormq
+    # reuses the number) and fail a replay that had done all its work.
+    probe = await conn.channel()
+    try:
+        declared = await probe.queue_declare(queue, passive=True)
+        stats.queue_count = remaining = int(declared.message_count or 0)
+        stats.other_consumers = int(declared.consumer_count or 0)
+        while remaining > 0 and not stats.stopped_early:
+            size = min(remaining, window)
+            seen = await _one_pass(
+                conn, probe, queue, visit, settle, size, idle_check_s, stall_timeout_s, stats
+            )
+            if seen < size:
+                break  # the rest was taken by another consumer during the pass
+            remaining -= seen
+    finally:
+        if not probe.is_closed:
+            await probe.close()
     return stats
 
 
 async def _one_pass(
     conn: aiormq.abc.AbstractConnection,
+    probe: aiormq.abc.AbstractChannel,
     queue: str,
     visit: Visitor,
     settle: Callable[[], Awaitable[None]] | None,
@@ -275,7 +282,7 @@ async def _one_pass(
         returned = seen - stats.taken
         deadline = min(SETTLE_MAX_S, SETTLE_BASE_S + returned / 1000)
         stats.settled = await _await_settled(
-            conn, queue, expected=stats.queue_count - stats.taken, deadline_s=deadline
+            probe, queue, expected=stats.queue_count - stats.taken, deadline_s=deadline
         )
     return seen
 
@@ -317,7 +324,7 @@ async def _next_delivery(
 
 
 async def _await_settled(
-    conn: aiormq.abc.AbstractConnection, queue: str, *, expected: int, deadline_s: float
+    channel: aiormq.abc.AbstractChannel, queue: str, *, expected: int, deadline_s: float
 ) -> bool:
     """Wait (bounded) until the broker has put back what we returned; False on the deadline.
 
@@ -328,17 +335,13 @@ async def _await_settled(
     """
     loop = asyncio.get_running_loop()
     until = loop.time() + deadline_s
-    channel = await conn.channel()
-    try:
-        while True:
-            declared = await channel.queue_declare(queue, passive=True)
-            if int(declared.message_count or 0) >= expected:
-                return True
-            if loop.time() >= until:
-                return False
-            await asyncio.sleep(0.05)
-    finally:
-        await channel.close()
+    while True:
+        declared = await channel.queue_declare(queue, passive=True)
+        if int(declared.message_count or 0) >= expected:
+            return True
+        if loop.time() >= until:
+            return False
+        await asyncio.sleep(0.05)
 
 
 class _Acks:
