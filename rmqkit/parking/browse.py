@@ -279,7 +279,7 @@ async def _one_pass(
         # Anything delivered after the cancel was never seen: closing returns it.
         await channel.close()
     if seen:
-        returned = seen - stats.taken
+        returned = stats.seen - stats.taken  # over all passes: what the broker must put back
         deadline = min(SETTLE_MAX_S, SETTLE_BASE_S + returned / 1000)
         stats.settled = await _await_settled(
             probe, queue, expected=stats.queue_count - stats.taken, deadline_s=deadline
