@@ -62,9 +62,11 @@ class Verdict(Enum):
     STOP = "stop"  # keep it, and end the browse now
 
 
-# A visitor may also return a future: the message is removed (acked) when it resolves True —
-# a replay's publisher confirm, an export's fsync — and kept when it resolves False or fails.
-Visitor = Callable[[ParkedMessage], Awaitable["Verdict | asyncio.Future[bool]"]]
+# A visitor may also return a future: the message is removed (acked) when it resolves to a
+# truthy value — a replay's Outcome.CONFIRMED, an export's fsync — and kept when it resolves
+# falsy or fails.
+Settlement = asyncio.Future[Any]
+Visitor = Callable[[ParkedMessage], Awaitable["Verdict | Settlement"]]
 
 
 @dataclass
@@ -212,10 +214,10 @@ async def _one_pass(
     seen = 0
     last_tag = 0
     kept_any = False
-    pending: set[asyncio.Future[bool]] = set()
-    owners: dict[asyncio.Future[bool], int] = {}
+    pending: set[Settlement] = set()
+    owners: dict[Settlement, int] = {}
 
-    def on_settled(tag: int, future: asyncio.Future[bool]) -> None:
+    def on_settled(tag: int, future: Settlement) -> None:
         nonlocal kept_any
         if future not in pending:
             return  # already counted (the final sweep below ran before this callback)

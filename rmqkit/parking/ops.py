@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import aiormq
-from pamqp import commands as spec
 
 from rmqkit import headers as h
 from rmqkit.broker.amqp import connect, server_version
+from rmqkit.broker.confirms import ConfirmedPublisher, Outcome
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.pamqp_hook import typed_decoding
 from rmqkit.broker.typed_properties import copy_properties
 from rmqkit.parking.browse import (
     BrowseIncomplete,
     BrowseStats,
+    Settlement,
     Verdict,
     browse,
     check_browsable,
@@ -231,43 +233,26 @@ async def replay_parked(
     next_at = time.monotonic()
     async with parking_session(settings, queue) as session:
         total = await _ready_count(session)
-        # The concrete channel: its basic_publish takes wait= (AbstractChannel does not say so).
-        publisher = cast(aiormq.Channel, await session.raw.channel(publisher_confirms=True))
-        window = asyncio.Semaphore(PUBLISH_WINDOW)
+        channel = await session.raw.channel(publisher_confirms=True)
+        publisher = ConfirmedPublisher(channel, window=PUBLISH_WINDOW)
         seen = 0
 
-        async def send(message: ParkedMessage, exchange: str, key: str) -> bool:
-            props = message.properties
-            copy = copy_properties(props, replay_headers(message.headers, now))
-            try:
-                result: Any = await publisher.basic_publish(
-                    message.body,
-                    exchange=exchange,
-                    routing_key=key,
-                    properties=copy,
-                    mandatory=True,
-                    wait=False,  # no drain future per frame: the window bounds what is queued
-                )
-            except aiormq.exceptions.DeliveryError as exc:
-                result = exc.frame  # a return or a nack, raised rather than returned by aiormq
-            except Exception as exc:
+        def count(exchange: str, key: str, settled: asyncio.Future[Outcome]) -> None:
+            error = None if settled.cancelled() else settled.exception()
+            if settled.cancelled() or error is not None:
                 report.failed += 1
-                report.problems[f"publish failed: {type(exc).__name__}"] += 1
-                return False
-            finally:
-                window.release()
-            if isinstance(result, spec.Basic.Ack):
+                name = "cancelled" if error is None else type(error).__name__
+                report.problems[f"publish failed: {name}"] += 1
+            elif (outcome := settled.result()) is Outcome.CONFIRMED:
                 report.replayed += 1
-                return True
-            if isinstance(result, spec.Basic.Nack):
+            elif outcome is Outcome.NACKED:
                 report.failed += 1
                 report.problems[f"nacked by the broker (target {key!r} full?)"] += 1
             else:
                 report.returned += 1
                 report.problems[f"unroutable: exchange {exchange!r} key {key!r}"] += 1
-            return False
 
-        async def visit(message: ParkedMessage) -> Verdict | asyncio.Future[bool]:
+        async def visit(message: ParkedMessage) -> Verdict | Settlement:
             nonlocal seen, next_at
             seen += 1
             if progress is not None:
@@ -291,8 +276,17 @@ async def replay_parked(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 next_at = max(next_at, time.monotonic()) + interval
-            await window.acquire()
-            return asyncio.ensure_future(send(message, exchange, key))
+            copy = copy_properties(message.properties, replay_headers(message.headers, now))
+            try:
+                settled = await publisher.publish(
+                    message.body, exchange=exchange, routing_key=key, properties=copy
+                )
+            except Exception as exc:  # the channel is gone: nothing more can be replayed
+                report.failed += 1
+                report.problems[f"publish failed: {type(exc).__name__}"] += 1
+                return Verdict.STOP
+            settled.add_done_callback(functools.partial(count, exchange, key))
+            return settled
 
         try:
             await browse(session.raw, queue, visit)
@@ -301,8 +295,9 @@ async def replay_parked(
                 f"{exc} (before that: replayed {report.replayed} of {report.selected} selected)"
             ) from None
         finally:
-            if not publisher.is_closed:
-                await publisher.close()
+            await publisher.close()
+            if not channel.is_closed:
+                await channel.close()
     return report
 
 
