@@ -69,3 +69,13 @@ async def noop(message: rmqkit.Message) -> None:
 
 def body(**fields: Any) -> bytes:
     return json.dumps(fields).encode()
+
+
+async def handle_by_body_id(message: rmqkit.Message) -> None:
+    """``handle`` for messages whose message_id is missing or shared: rows carry the body's id."""
+    order: dict[str, Any] = message.json()
+    key = str(order["id"])
+    record(key, message.attempt, "attempt")
+    if int(order.get("fail", 0)) >= message.attempt:
+        raise ConnectionError(f"downstream timed out on attempt {message.attempt}")
+    record(key, message.attempt, "effect")

@@ -126,6 +126,11 @@ class ConfirmedPublisher:
         self._wake.set()
         return pending.outcome
 
+    @property
+    def channel(self) -> aiormq.abc.AbstractChannel:
+        """The channel this publisher sends on."""
+        return self._channel  # type: ignore[no-any-return]
+
     async def close(self) -> None:
         """Stop the writer task. Publishes still unconfirmed fail when the channel closes."""
         self._writer.cancel()

@@ -23,9 +23,9 @@ from typing import Any
 
 import aiormq
 from aiormq.abc import AbstractChannel, DeliveredMessage
-from pamqp import commands as spec
 
 from rmqkit.broker.amqp import connect
+from rmqkit.broker.confirms import ConfirmedPublisher, Outcome
 from rmqkit.broker.fieldtypes import Timestamp
 from rmqkit.broker.pamqp_hook import typed_decoding
 from rmqkit.broker.typed_properties import copy_properties
@@ -117,6 +117,7 @@ class Consumer:
         self._idle.set()
         self._flush_wanted = asyncio.Event()
         self._tracker = AckTracker()
+        self._publisher: ConfirmedPublisher | None = None  # the current channel's
         self._wait_queues = config.policy.all_wait_queues
         self._permanent = frozenset(config.policy.permanent_errors)
         self._sem = (
@@ -224,6 +225,7 @@ class Consumer:
     async def _consume(self, conn: Any) -> None:
         raw: aiormq.Connection = conn.transport.connection
         channel = await raw.channel(publisher_confirms=True)
+        publisher = self._publisher = ConfirmedPublisher(channel)
         await self._check_targets(raw)
         await channel.basic_qos(prefetch_count=1 if self._cautious else self.config.prefetch)
         tracker = AckTracker()
@@ -253,6 +255,7 @@ class Consumer:
             tracker.alive = False
             self._flush_wanted.set()
             flusher.cancel()
+            await publisher.close()
 
     async def _check_targets(self, raw: aiormq.Connection) -> None:
         """Fail fast if the wait or parking queues are missing: copies would be returned."""
@@ -436,18 +439,14 @@ class Consumer:
         channel = delivered.channel
         copy = copy_properties(props, decision.headers)
         extra = {"message_id": props.message_id, "attempt": attempt}
+        publisher = self._publisher
         try:
-            result: Any = await channel.basic_publish(
-                delivered.body,
-                exchange="",
-                routing_key=decision.target_queue,
-                properties=copy,
-                mandatory=True,
+            if publisher is None or publisher.channel is not channel:
+                raise ConnectionError("the delivery's channel was replaced")
+            settled = await publisher.publish(
+                delivered.body, exchange="", routing_key=decision.target_queue, properties=copy
             )
-        except aiormq.exceptions.DeliveryError as exc:
-            # Nacked (a full queue with reject-publish) or returned (no such queue), raised
-            # rather than returned by aiormq: the copy does not exist; handled below.
-            result = exc.frame
+            outcome = await settled
         except Exception as exc:  # channel gone: the original comes back by itself
             log.warning(
                 "copy to %s not confirmed (%s); the message will be redelivered",
@@ -456,7 +455,7 @@ class Consumer:
                 extra=extra,
             )
             return
-        if isinstance(result, spec.Basic.Ack):
+        if outcome is Outcome.CONFIRMED:
             self._finished(tracker, tag)
             if isinstance(decision, Park):
                 self.metrics.parked(decision.reason.value)
@@ -480,7 +479,7 @@ class Consumer:
         log.error(
             "copy to %s was refused (%s); requeueing the original",
             decision.target_queue,
-            type(result).__name__,
+            outcome.value,
             extra=extra,
         )
         await asyncio.sleep(_NACK_BACKOFF_S)

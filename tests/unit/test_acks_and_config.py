@@ -32,6 +32,37 @@ def test_acks_the_finished_prefix_only() -> None:
     assert tracker.outstanding == 0
 
 
+def test_a_nacked_tag_is_never_the_tag_of_a_multiple_ack() -> None:
+    """Acking a tag already nacked closes the channel (unknown delivery tag)."""
+    tracker = AckTracker()
+    for tag in (1, 2, 3, 4):
+        tracker.received(tag)
+    tracker.finished(1)
+    tracker.settled_elsewhere(2)
+    assert tracker.take_ack() == 1  # not 2
+    tracker.settled_elsewhere(3)
+    assert tracker.take_ack() is None  # only nacked ones: nothing to ack
+    assert tracker.outstanding == 1 and tracker.pending_acks == 0
+    tracker.finished(4)
+    assert tracker.pending_acks == 1 and tracker.take_ack() == 4
+
+
+@given(st.lists(st.tuples(st.integers(1, 40), st.booleans()), unique_by=lambda x: x[0]))
+def test_multiple_acks_never_name_a_nacked_tag(settles: list[tuple[int, bool]]) -> None:
+    tracker = AckTracker()
+    for tag in range(1, 41):
+        tracker.received(tag)
+    nacked = {tag for tag, nack in settles if nack}
+    settled: set[int] = set()
+    for tag, nack in settles:
+        (tracker.settled_elsewhere if nack else tracker.finished)(tag)
+        settled.add(tag)
+        last = tracker.take_ack()
+        if last is not None:
+            assert last not in nacked
+            assert all(t in settled for t in range(1, last + 1))
+
+
 @given(st.permutations(list(range(1, 60))))
 def test_never_acks_past_an_unfinished_tag(order: list[int]) -> None:
     tracker = AckTracker()
