@@ -16,6 +16,7 @@ import aiormq
 from pamqp import commands as spec
 
 from rmqkit.broker.amqp import amqp_errors_mapped, connect, map_channel_error
+from rmqkit.broker.confirms import ConfirmedPublisher, Outcome
 from rmqkit.errors import DataError, RmqkitError
 from rmqkit.settings import Settings
 
@@ -162,6 +163,7 @@ async def publish_messages(
         if exchange:
             with amqp_errors_mapped(f"checking exchange {exchange!r}"):
                 await channel.exchange_declare(exchange, passive=True)
+        publisher = ConfirmedPublisher(channel, window=window)
         slots = asyncio.Semaphore(window)
         done = 0
 
@@ -171,7 +173,7 @@ async def publish_messages(
             nonlocal done
             try:
                 await _send_one(
-                    channel, exchange, routing_key, message, report, retry_busy, busy_retries
+                    publisher, exchange, routing_key, message, report, retry_busy, busy_retries
                 )
             except Exception as exc:  # the connection is gone: stop feeding, report once
                 failures.append(exc)
@@ -192,6 +194,7 @@ async def publish_messages(
             report.published += 1
         if tasks:
             await asyncio.gather(*tasks)
+        await publisher.close()
         if progress is not None:
             progress(done)
         if failures:
@@ -210,7 +213,7 @@ async def publish_messages(
 
 
 async def _send_one(
-    channel: aiormq.abc.AbstractChannel,
+    publisher: ConfirmedPublisher,
     exchange: str,
     routing_key: str,
     message: OutgoingMessage,
@@ -233,26 +236,19 @@ async def _send_one(
     attempt = 0
     while True:
         try:
-            result: Any = await channel.basic_publish(
-                message.body,
-                exchange=exchange,
-                routing_key=key,
-                properties=properties,
-                mandatory=True,
+            settled = await publisher.publish(
+                message.body, exchange=exchange, routing_key=key, properties=properties
             )
-        except aiormq.exceptions.PublishError:
-            result = None  # returned (unroutable): the channel raises on a return
-        except aiormq.exceptions.DeliveryError as exc:
-            result = exc.frame  # Basic.Nack: refused, e.g. a full queue (reject-publish)
+            outcome = await settled
         except Exception as exc:
             mapped = map_channel_error(exc, f"publishing to exchange {exchange!r}")
             if mapped is None:
                 raise
             raise mapped from exc
-        if isinstance(result, spec.Basic.Ack):
+        if outcome is Outcome.CONFIRMED:
             report.confirmed += 1
             return
-        if not isinstance(result, spec.Basic.Nack):
+        if outcome is Outcome.RETURNED:
             report.returned += 1
             report.returned_ids.append(message.message_id)
             return

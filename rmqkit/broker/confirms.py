@@ -6,11 +6,12 @@ it copies, and that id may be missing or shared by several messages in flight. A
 aiormq cannot match is logged and dropped, and the broker's ack that follows resolves the
 publish as confirmed: the caller acks the original and the message is gone from both places.
 
-``ConfirmedPublisher`` matches a return by what the broker sends back, exchange, routing key
-and body, and never has two publishes with the same three in flight at once (a second one
-waits for the first to settle), so the match is exact. A return it cannot match (it should
-not happen) settles every in-flight publish to that exchange and key as returned: a copy may
-then exist twice, but none is reported confirmed when it was not.
+``ConfirmedPublisher`` matches a return by what the broker sends back, exchange, routing key,
+message_id (missing included) and body, and never has two publishes with the same four in
+flight at once (a second one waits for the first to settle), so the match is exact. Only exact
+duplicates wait for each other: the same body with the same id (or both without one). A return
+it cannot match (it should not happen) settles every in-flight publish to that exchange and key
+as returned: a copy may then exist twice, but none is reported confirmed when it was not.
 
 It is also cheaper than ``basic_publish``: no coroutine or lock per message, and the frames of
 all the publishes made between two event-loop turns go to the socket in one write.
@@ -53,7 +54,15 @@ class Outcome(enum.Enum):
         return self is Outcome.CONFIRMED
 
 
-Key = tuple[str, str, bytes]
+def outcome_of(settled: asyncio.Future[Outcome]) -> Outcome | str:
+    """A settled publish's ``Outcome``, or the name of what failed it (the copy is unknown)."""
+    if settled.cancelled():
+        return "cancelled"
+    error = settled.exception()
+    return type(error).__name__ if error is not None else settled.result()
+
+
+Key = tuple[str, str, str | None, bytes]  # exchange, routing key, message_id, body
 
 
 class _Pending:
@@ -100,7 +109,7 @@ class ConfirmedPublisher:
         properties: spec.Basic.Properties,
     ) -> asyncio.Future[Outcome]:
         """Send one message; the future resolves when the broker confirms, returns or nacks it."""
-        key: Key = (exchange, routing_key, body)
+        key: Key = (exchange, routing_key, properties.message_id, body)
         while (twin := self._inflight.get(key)) is not None:
             await asyncio.wait([twin.outcome])  # the same message in flight: let it settle
         channel = self._channel
@@ -185,12 +194,13 @@ class ConfirmedPublisher:
         channel = self._channel
         header = await getattr(channel, _READ_HEADER)()
         message = await channel._read_content(frame, header)
-        key: Key = (frame.exchange or "", frame.routing_key or "", message.body)
+        exchange, routing_key = frame.exchange or "", frame.routing_key or ""
+        key: Key = (exchange, routing_key, message.header.properties.message_id, message.body)
         match = self._inflight.get(key)
         victims = (
             [match]
             if match is not None
-            else [p for k, p in self._inflight.items() if k[:2] == key[:2]]
+            else [p for k, p in self._inflight.items() if k[:2] == (exchange, routing_key)]
         )
         for pending in victims:
             self._mark_returned(pending)

@@ -16,7 +16,7 @@ import aiormq
 
 from rmqkit import headers as h
 from rmqkit.broker.amqp import connect, server_version
-from rmqkit.broker.confirms import ConfirmedPublisher, Outcome
+from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.pamqp_hook import typed_decoding
 from rmqkit.broker.typed_properties import copy_properties
@@ -238,12 +238,11 @@ async def replay_parked(
         seen = 0
 
         def count(exchange: str, key: str, settled: asyncio.Future[Outcome]) -> None:
-            error = None if settled.cancelled() else settled.exception()
-            if settled.cancelled() or error is not None:
+            outcome = outcome_of(settled)
+            if isinstance(outcome, str):
                 report.failed += 1
-                name = "cancelled" if error is None else type(error).__name__
-                report.problems[f"publish failed: {name}"] += 1
-            elif (outcome := settled.result()) is Outcome.CONFIRMED:
+                report.problems[f"publish failed: {outcome}"] += 1
+            elif outcome is Outcome.CONFIRMED:
                 report.replayed += 1
             elif outcome is Outcome.NACKED:
                 report.failed += 1

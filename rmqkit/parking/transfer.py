@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import aiormq
-from pamqp import commands as spec
 
 from rmqkit.broker.amqp import connect
+from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
 from rmqkit.errors import DataError
 from rmqkit.parking.browse import Verdict, browse
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
@@ -148,41 +148,45 @@ async def import_records(
             raise DataError(f"queue {queue!r} does not exist — declare it first") from None
         await probe.close()
         channel = await raw.channel(publisher_confirms=True)
-        window = asyncio.Semaphore(PUBLISH_WINDOW)
+        publisher = ConfirmedPublisher(channel, window=PUBLISH_WINDOW)
         done = 0
 
-        async def send(record: dict[str, Any]) -> None:
+        def count(settled: asyncio.Future[Outcome]) -> None:
             nonlocal done
-            properties, body = record_to_message(record)
-            try:
-                result: Any = await channel.basic_publish(
-                    body, exchange="", routing_key=queue, properties=properties, mandatory=True
-                )
-            except aiormq.exceptions.DeliveryError as exc:
-                result = exc.frame  # a return or a nack, raised rather than returned by aiormq
-            except Exception as exc:
+            done += 1
+            if progress is not None:
+                progress(done, report.records)
+            outcome = outcome_of(settled)
+            if isinstance(outcome, str):
                 report.nacked += 1
-                report.problems[f"publish failed: {type(exc).__name__}"] += 1
-                return
-            finally:
-                window.release()
-                done += 1
-                if progress is not None:
-                    progress(done, report.records)
-            if isinstance(result, spec.Basic.Ack):
+                report.problems[f"publish failed: {outcome}"] += 1
+            elif outcome is Outcome.CONFIRMED:
                 report.published += 1
-            elif isinstance(result, spec.Basic.Nack):
+            elif outcome is Outcome.NACKED:
                 report.nacked += 1
                 report.problems["nacked by the broker (queue full?)"] += 1
             else:
                 report.returned += 1
                 report.problems["returned: unroutable"] += 1
 
-        tasks = []
-        for record in records:
-            await window.acquire()
-            tasks.append(asyncio.ensure_future(send(record)))
-        await asyncio.gather(*tasks)
+        futures = []
+        try:
+            for index, record in enumerate(records):
+                properties, body = record_to_message(record)
+                try:
+                    settled = await publisher.publish(
+                        body, exchange="", routing_key=queue, properties=properties
+                    )
+                except Exception as exc:  # the channel is gone: the rest cannot be sent
+                    unsent = report.records - index
+                    report.nacked += unsent
+                    report.problems[f"publish failed: {type(exc).__name__}"] += unsent
+                    break
+                settled.add_done_callback(count)
+                futures.append(settled)
+            await asyncio.gather(*futures, return_exceptions=True)
+        finally:
+            await publisher.close()
         await channel.close()
     finally:
         await conn.close()

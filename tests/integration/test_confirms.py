@@ -154,3 +154,20 @@ def test_a_channel_closed_by_the_broker_confirms_nothing_after_it(vhost: str) ->
         assert await _bodies(conn, "c.closed") == [b"before"]
 
     _run(vhost, scenario)
+
+
+def test_the_same_body_with_different_ids_is_pipelined(vhost: str) -> None:
+    async def scenario(conn: aiormq.abc.AbstractConnection, pub: ConfirmedPublisher) -> None:
+        await _declare(conn, "c.same")
+        futures = [
+            await pub.publish(
+                b"{}", exchange="", routing_key="c.same", properties=_props(message_id=f"m{i}")
+            )
+            for i in range(100)
+        ]
+        # Nothing waited for a confirm: all 100 were sent before the first one came back.
+        assert not any(f.done() for f in futures)
+        assert set(await asyncio.gather(*futures)) == {Outcome.CONFIRMED}
+        assert await _bodies(conn, "c.same") == [b"{}"] * 100
+
+    _run(vhost, scenario)
