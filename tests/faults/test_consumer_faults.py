@@ -49,24 +49,30 @@ def _settled(vhost: str) -> bool:
 def test_kill_9_of_a_worker_mid_batch_loses_nothing(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
-    ids = _publish(jobs_vhost, 2000, sleep=0.01)
+    ids = _publish(jobs_vhost, 2000, sleep=0.05)  # ~800/s with two workers: the kill lands mid-run
     ledger = tmp_path / "ledger.db"
     consumer = ConsumerProcess(jobs_vhost, ledger, "--processes", "2", "--prefetch", "20")
     consumers.append(consumer)
     assert wait_until(lambda: len(effects(ledger)) >= 300, timeout_s=30), consumer.output()
     victim = consumer.workers()[0]
-    in_flight_before = len(effects(ledger))
+    killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
+    done_at_kill = len(effects(ledger))
     assert wait_until(lambda: set(effects(ledger)) >= set(ids), timeout_s=90), consumer.output()
     assert wait_until(lambda: _settled(jobs_vhost), timeout_s=10)
     assert wait_until(lambda: len(consumer.workers()) == 2, timeout_s=10)  # replaced
     assert consumer.stop() == 0
     done = effects(ledger)
     duplicates = {m: n for m, n in done.items() if n > 1}
-    # Duplicates only among what the killed worker held: at most its prefetch window.
+    # Duplicates only among what the killed worker held: at most its prefetch window, each one
+    # applied before the kill (by the victim, never acked) and again after it (redelivered).
     assert len(duplicates) <= 20, duplicates
+    applied = [(m, t) for m, _, kind, t in events(ledger) if kind == "effect" and m in duplicates]
+    for mid in duplicates:
+        times = sorted(t for m, t in applied if m == mid)
+        assert times[0] < killed_at + 0.05 and times[-1] > killed_at, (mid, times, killed_at)
     assert broker.depths(jobs_vhost, [PARKING])[PARKING] == 0
-    assert in_flight_before < len(ids)
+    assert done_at_kill < len(ids) - 500, done_at_kill  # the kill landed mid-work
 
 
 def test_a_message_that_kills_its_worker_is_parked_by_the_delivery_limit(

@@ -156,6 +156,33 @@ def test_sigterm_under_load_exits_0_in_grace_and_leaves_nothing_unacked(
     assert queue and queue.get("messages_unacknowledged", 0) == 0
 
 
+def test_a_second_signal_stops_at_once_and_loses_nothing(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    ids = [uuid.uuid4().hex for _ in range(100)]
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m, sleep=20)) for m in ids])
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--grace", "60s", "--processes", "2")
+    consumers.append(consumer)
+
+    def handling() -> bool:
+        return len({m for m, _, kind, _ in events(ledger) if kind == "attempt"}) >= 20
+
+    assert wait_until(handling, timeout_s=30), consumer.output()
+    consumer.signal(signal.SIGTERM)  # graceful: would wait up to 60 s for 20 s handlers
+    time.sleep(0.5)
+    started = time.monotonic()
+    consumer.signal(signal.SIGTERM)  # the second one: stop now
+    code = consumer.proc.wait(timeout=10)
+    assert code == 130, consumer.output()
+    assert time.monotonic() - started < 5
+    assert not effects(ledger)  # every handler was cut off before its side effect
+    # Nothing lost: the broker takes back what the killed workers held.
+    assert broker.wait_for(lambda: broker.depths(jobs_vhost, [WORK])[WORK] == len(ids)), (
+        broker.depths(jobs_vhost, [WORK])
+    )
+
+
 def test_handler_that_cannot_be_imported_exits_78(jobs_vhost: str) -> None:
     for spec, needle in (
         ("nosuch.module:handle", "nosuch"),
