@@ -4,6 +4,7 @@ connection closed by force, and the broker app stopped and started under the con
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rmqkit.consumer.supervisor import RESTART_BASE_S, RESTART_CAP_S, STABLE_AFTER_S
 from tests import broker
 from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
 from tests.handlers import body
@@ -110,6 +112,27 @@ def test_a_message_that_kills_its_worker_is_parked_by_the_delivery_limit(
     # only the poison's own attempts.
     duplicates = [m for m, n in effects(ledger).items() if n > 1]
     assert len(duplicates) <= 50 * 2, len(duplicates)
+    _assert_restart_backoff(consumer.output(), crashes)
+
+
+def _assert_restart_backoff(output: str, crashes: int) -> None:
+    """Each worker slot restarts after RESTART_BASE_S, doubling while it keeps dying young."""
+    deaths = [
+        (int(slot), float(lived), float(delay))
+        for slot, lived, delay in re.findall(
+            r"worker (\d+) died \(exit -?\d+\) after ([\d.]+)s; restarting in ([\d.]+)s", output
+        )
+    ]
+    assert len(deaths) >= crashes, output[-3000:]
+    previous: dict[int, float] = {}
+    for slot, lived, delay in deaths:
+        young = min(RESTART_CAP_S, previous[slot] * 2) if slot in previous else RESTART_BASE_S
+        if abs(lived - STABLE_AFTER_S) < 0.1:  # the log rounds: either side of the line
+            allowed = {young, RESTART_BASE_S}
+        else:
+            allowed = {young if lived < STABLE_AFTER_S else RESTART_BASE_S}
+        assert any(abs(delay - x) < 0.051 for x in allowed), (slot, lived, delay, deaths)
+        previous[slot] = delay
 
 
 def _close_connections(vhost: str) -> int:
