@@ -12,8 +12,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aio_pika
+import aiormq
 import httpx
 
+from rmqkit.broker.typed_properties import TypedProperties
 from rmqkit.settings import Settings, load_settings, with_vhost
 
 BASE_URL = os.environ.get("RMQKIT_TEST_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -202,6 +204,29 @@ async def _publish_with_ids(
         await asyncio.gather(*pending)
     finally:
         await conn.close()
+
+
+async def _publish_exact(
+    vhost: str, exchange: str, messages: list[tuple[str, str | None, bytes, dict[str, Any]]]
+) -> None:
+    conn = await aiormq.connect(with_vhost(BASE_URL, vhost))
+    try:
+        channel = await conn.channel()
+        for routing_key, message_id, body, headers in messages:
+            props = TypedProperties(message_id=message_id, delivery_mode=2, headers=headers)
+            await channel.basic_publish(
+                body, exchange=exchange, routing_key=routing_key, properties=props
+            )
+    finally:
+        await conn.close()
+
+
+def publish_exact(
+    vhost: str, exchange: str, messages: list[tuple[str, str | None, bytes, dict[str, Any]]]
+) -> None:
+    """Publish (routing key, message_id, body, headers) with confirms, the id exactly as given:
+    None stays absent (aio-pika and aiormq's plain properties would give it a random id)."""
+    run(_publish_exact(vhost, exchange, messages))
 
 
 def publish_with_ids(

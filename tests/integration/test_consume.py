@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -332,26 +333,6 @@ def test_headers_the_client_library_cannot_decode_do_not_loop(
     assert broker.depths(jobs_vhost, [PARKING])[PARKING] == 0
 
 
-async def _publish_raw(vhost: str, messages: list[tuple[str | None, bytes]]) -> None:
-    """Publish with confirms and whatever message_id is given, None included."""
-    import aiormq
-
-    from rmqkit.broker.typed_properties import TypedProperties
-    from rmqkit.settings import with_vhost
-
-    conn = await aiormq.connect(with_vhost(broker.BASE_URL, vhost))
-    try:
-        channel = await conn.channel()
-        for mid, payload in messages:
-            # TypedProperties: aiormq would give a message without an id a random one
-            props = TypedProperties(message_id=mid, delivery_mode=2)
-            await channel.basic_publish(
-                payload, exchange="jobs", routing_key="job", properties=props
-            )
-    finally:
-        await conn.close()
-
-
 def test_returned_retry_copies_without_or_with_shared_ids_are_not_lost(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
@@ -368,11 +349,10 @@ def test_returned_retry_copies_without_or_with_shared_ids_are_not_lost(
         broker.api("DELETE", f"/queues/{broker.q(jobs_vhost)}/{broker.q(name)}")
     ids = [f"job-{i}" for i in range(40)]
     shared = uuid.uuid4().hex
-    broker.run(
-        _publish_raw(
-            jobs_vhost,
-            [(None if i % 2 else shared, body(id=key, fail=1)) for i, key in enumerate(ids)],
-        )
+    broker.publish_exact(
+        jobs_vhost,
+        "jobs",
+        [("job", None if i % 2 else shared, body(id=key, fail=1), {}) for i, key in enumerate(ids)],
     )
     wait_until(lambda: "was refused (returned)" in consumer.output(), timeout_s=10)
     assert broker.cli("declare", JOBS, vhost=jobs_vhost).returncode == 0  # the wait queue back
@@ -389,12 +369,6 @@ def test_returned_retry_copies_without_or_with_shared_ids_are_not_lost(
     done = effects(ledger)
     assert all(n == 1 for n in done.values()), done
     parked = broker.drain(jobs_vhost, PARKING)
-    parked_ids = {json_id(p["body"]) for p in parked}
+    parked_ids = {str(json.loads(p["body"])["id"]) for p in parked}
     assert set(done) | parked_ids == set(ids) and not set(done) & parked_ids
     assert {p["headers"]["rmqkit-park-reason"] for p in parked} <= {"delivery_limit"}
-
-
-def json_id(payload: bytes) -> str:
-    import json
-
-    return str(json.loads(payload)["id"])

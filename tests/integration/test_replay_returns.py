@@ -22,23 +22,6 @@ from tests import broker
 PARKING = "r.work.parking"
 
 
-async def _park(vhost: str, messages: list[tuple[str | None, bytes, str]]) -> None:
-    """Park (message_id, body, origin queue) triples as the consumer would."""
-    conn = await aiormq.connect(with_vhost(broker.BASE_URL, vhost))
-    try:
-        channel = await conn.channel()
-        await channel.queue_declare(PARKING, durable=True, arguments={"x-queue-type": "quorum"})
-        for mid, body, origin in messages:
-            props = spec.Basic.Properties(
-                message_id=mid,
-                delivery_mode=2,
-                headers={"rmqkit-origin-queue": origin, "rmqkit-reason": "permanent"},
-            )
-            await channel.basic_publish(body, routing_key=PARKING, properties=props)
-    finally:
-        await conn.close()
-
-
 async def _bodies(vhost: str, queue: str) -> list[bytes]:
     conn = await aiormq.connect(with_vhost(broker.BASE_URL, vhost))
     out: list[bytes] = []
@@ -54,19 +37,35 @@ async def _bodies(vhost: str, queue: str) -> list[bytes]:
 
 
 def test_returned_copies_stay_parked_with_shared_and_missing_ids(vhost: str) -> None:
-    async def scenario() -> None:
+    async def declare() -> None:
         conn = await aiormq.connect(with_vhost(broker.BASE_URL, vhost))
         channel = await conn.channel()
         await channel.queue_declare("r.present", durable=True)
+        await channel.queue_declare(PARKING, durable=True, arguments={"x-queue-type": "quorum"})
         await conn.close()
-        shared = uuid.uuid4().hex
-        # Interleaved: routable and unroutable copies with the same id, and id-less ones.
-        messages: list[tuple[str | None, bytes, str]] = []
-        for i in range(200):
-            target = "r.present" if i % 2 == 0 else "r.gone"
-            mid = shared if i % 4 < 2 else None
-            messages.append((mid, f"m{i}".encode(), target))
-        await _park(vhost, messages)
+
+    broker.run(declare())
+    shared = uuid.uuid4().hex
+    # Interleaved: routable and unroutable copies with the same id, and id-less ones, parked
+    # with the headers the consumer writes.
+    broker.publish_exact(
+        vhost,
+        "",
+        [
+            (
+                PARKING,
+                shared if i % 4 < 2 else None,
+                f"m{i}".encode(),
+                {
+                    "rmqkit-origin-queue": "r.present" if i % 2 == 0 else "r.gone",
+                    "rmqkit-reason": "permanent",
+                },
+            )
+            for i in range(200)
+        ],
+    )
+
+    async def scenario() -> None:
         report = await replay_parked(broker.settings_for(vhost), PARKING, ParkedFilter())
         assert report.selected == 200
         assert report.replayed == 100 and report.returned == 100, report.as_dict()
