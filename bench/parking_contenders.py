@@ -10,7 +10,7 @@ Replay group (each worker times itself; connection set-up included for rmqkit on
                      ``default_exchange.publish(mandatory=True)`` (waits for its confirm) →
                      ``message.ack()``. Runs on ``--naive-messages`` (default 3,000): at its rate
                      50,000 per round would not fit the time budget; compared per message.
-``rmqkit-replay``    ``rmqkit.parking.ops.replay_parked(settings, "bench.work.parking",
+``rmqkit-replay``    ``rmqkit.parking.replay.replay_parked(settings, "bench.work.parking",
                      ParkedFilter(), routing_key="bench.target")``, timed around the whole call
                      (connect, management API check, browse, confirms, acks, returns).
 ``aio-pika-publish`` the raw confirmed-publish rate: N replay copies (same body, same headers as
@@ -121,7 +121,7 @@ def parked_headers(i: int, now: datetime) -> dict[str, Any]:
 
 
 def replay_copy_headers(headers: dict[str, Any], now: datetime) -> dict[str, Any]:
-    """What rmqkit.parking.ops.replay_headers makes of them (the broker's x- headers dropped)."""
+    """What rmqkit.parking.replay.replay_headers makes of them (the broker's x- headers dropped)."""
     out = {k: v for k, v in headers.items() if not k.startswith("x-")}
     out["rmqkit-attempt"] = 0
     previous = out.get("rmqkit-replay-count")
@@ -188,7 +188,7 @@ async def _worker_naive(url: str, n: int) -> dict[str, Any]:
 
 async def _worker_rmqkit_replay(url: str, n: int) -> dict[str, Any]:
     from rmqkit.parking.model import ParkedFilter
-    from rmqkit.parking.ops import replay_parked
+    from rmqkit.parking.replay import replay_parked
     from rmqkit.settings import load_settings
 
     settings = load_settings(url=url)

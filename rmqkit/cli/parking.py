@@ -22,8 +22,8 @@ from rmqkit.parking.ops import (
     list_parked,
     parking_stats,
     purge_parked,
-    replay_parked,
 )
+from rmqkit.parking.replay import replay_parked
 from rmqkit.parking.transfer import export_parked, import_records, read_export
 from rmqkit.topology import load_topology
 

@@ -12,7 +12,8 @@ import pytest
 
 from rmqkit.parking.browse import BrowseIncomplete, Verdict, browse
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
-from rmqkit.parking.ops import list_parked, replay_parked
+from rmqkit.parking.ops import list_parked
+from rmqkit.parking.replay import replay_parked
 from rmqkit.settings import with_vhost
 from tests import broker
 

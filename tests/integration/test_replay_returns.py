@@ -15,7 +15,7 @@ import aiormq
 from pamqp import commands as spec
 
 from rmqkit.parking.model import ParkedFilter
-from rmqkit.parking.ops import replay_parked
+from rmqkit.parking.replay import replay_parked
 from rmqkit.settings import with_vhost
 from tests import broker
 
