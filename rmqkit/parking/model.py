@@ -11,9 +11,12 @@ from typing import Any
 from pamqp.commands import Basic
 
 from rmqkit import headers as h
-from rmqkit.consumer.attempts import read_death_history
+from rmqkit.consumer.attempts import DeathReason, read_death_history
 
 REDACTED = "***"
+
+# The broker's dead-letter headers; a parked message without any of them was parked by rmqkit.
+_BROKER_DEATH_HEADERS = frozenset({"x-death", "x-last-death-reason", "x-first-death-reason"})
 
 
 def _text(value: object) -> str | None:
@@ -22,9 +25,51 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def broker_death_is_newest(
+    park_reason: str | None,
+    recorded_at: datetime | None,
+    replayed_at: datetime | None,
+    death_at: datetime | None,
+) -> bool:
+    """Whether a message's broker death (x-death) is newer than rmqkit's parking record.
+
+    Called only for a message that has x-death. ``park_reason`` / ``recorded_at``: rmqkit's
+    ``rmqkit-park-reason`` and ``rmqkit-last-failed-at``; ``replayed_at``: ``rmqkit-replayed-at``;
+    ``death_at``: the time of the newest x-death entry (whole seconds, rounded down).
+
+    The broker's death wins when:
+
+    1. rmqkit did not park the message (no park reason or no parking time): a retry copy or a
+       message rmqkit never saw, dead-lettered by the broker;
+    2. the message was replayed at or after rmqkit's record: every copy rmqkit publishes has
+       x-death stripped, so this death happened after the replay and the record is stale;
+    3. the death is later than the record (x-death's time is rounded down to the second, so a
+       later second is certainly later; within the same second rule 2 decides).
+
+    Otherwise the x-death predates rmqkit's record (e.g. an imported message that kept it) and
+    rmqkit's record describes the newest death.
+    """
+    if park_reason is None or recorded_at is None:
+        return True
+    if replayed_at is not None and replayed_at >= recorded_at:
+        return True
+    return death_at is not None and death_at > recorded_at
+
+
+def _latest(*moments: datetime | None) -> datetime | None:
+    known = [m for m in moments if m is not None]
+    return max(known) if known else None
+
+
 @dataclass(frozen=True, slots=True)
 class ParkedMessage:
-    """One message in a parking queue (read unacked; the broker still holds it)."""
+    """One message in a parking queue (read unacked; the broker still holds it).
+
+    ``reason``, ``origin_queue``, ``error_*``, ``attempts`` and ``last_failed_at`` describe the
+    *newest* death of the message (see ``broker_death_is_newest``): rmqkit's parking headers, or
+    the broker's x-death when the broker dead-lettered the message after rmqkit last wrote them
+    (e.g. a replayed message that then hit the delivery limit).
+    """
 
     delivery_tag: int
     properties: Basic.Properties
@@ -38,6 +83,9 @@ class ParkedMessage:
     first_failed_at: datetime | None
     last_failed_at: datetime | None
     headers: dict[str, Any] = field(hash=False)
+    # The routing key the message had when it reached its origin queue (the producer's): rmqkit's
+    # header, else x-death's entry for the origin queue; None when neither says.
+    original_routing_key: str | None = None
 
     @classmethod
     def from_delivery(cls, tag: int, properties: Basic.Properties, body: bytes) -> ParkedMessage:
@@ -46,33 +94,56 @@ class ParkedMessage:
         origin = _text(headers.get(h.ORIGIN_QUEUE))
         attempts = headers.get(h.ATTEMPT)
         last = h.parse_timestamp(headers.get(h.LAST_FAILED_AT))
-        # rmqkit's own headers say it all for what its consumer parked; x-death is read only
-        # for what the broker dead-lettered (it was 8% of a `list`).
-        if reason is None or origin is None or not isinstance(attempts, int) or last is None:
+        error_type = _text(headers.get(h.ERROR_TYPE))
+        error_message = _text(headers.get(h.ERROR_MESSAGE))
+        original_key = _text(headers.get(h.ORIGINAL_ROUTING_KEY))
+        # x-death is parsed only when the broker dead-lettered the message (parsing it for every
+        # message was 8% of a `list`).
+        if not _BROKER_DEATH_HEADERS.isdisjoint(headers):
             history = read_death_history(headers)
-            if reason is None and history.delivery_limit_hit:
-                reason = h.ParkingReason.DELIVERY_LIMIT.value
-            elif reason is None and history.events:
-                reason = history.events[0].reason  # dead-lettered by the broker (rejected…)
-            if origin is None and history.events:
-                origin = history.events[-1].queue  # the oldest event: where it first died
-            if not isinstance(attempts, int):
-                attempts = sum(e.count for e in history.events if e.reason != "expired")
-            if last is None and history.events:
-                last = history.events[0].time
+            newest = history.events[0] if history.events else None
+            death_time = newest.time if newest is not None else None
+            replayed = h.parse_timestamp(headers.get(h.REPLAYED_AT))
+            if (newest is not None or history.last_reason is not None) and (
+                broker_death_is_newest(reason, last, replayed, death_time)
+            ):
+                # The broker's death is the parking event: rmqkit's record (if any) is older.
+                reason = history.last_reason or (newest.reason if newest else None)
+                origin = history.last_queue or origin
+                last = _latest(death_time, last, replayed)
+                error_type = error_message = None
+                recorded = attempts if isinstance(attempts, int) else 0
+                attempts = recorded + sum(
+                    e.count for e in history.events if e.reason != DeathReason.EXPIRED
+                )
+            else:
+                origin = origin or history.last_queue
+                if not isinstance(attempts, int):
+                    attempts = sum(
+                        e.count for e in history.events if e.reason != DeathReason.EXPIRED
+                    )
+                if last is None:
+                    last = death_time
+            if original_key is None and origin is not None:
+                # The oldest entry of the origin queue recorded how the message reached it
+                # (later ones may show a wait queue's route back: default exchange, queue name).
+                first_here = next((e for e in reversed(history.events) if e.queue == origin), None)
+                if first_here is not None and first_here.routing_keys:
+                    original_key = first_here.routing_keys[0]
         return cls(
             delivery_tag=tag,
             properties=properties,
             body=body,
             message_id=properties.message_id,
             reason=reason,
-            attempts=int(attempts),
+            attempts=int(attempts) if isinstance(attempts, int) else 0,
             origin_queue=origin,
-            error_type=_text(headers.get(h.ERROR_TYPE)),
-            error_message=_text(headers.get(h.ERROR_MESSAGE)),
+            error_type=error_type,
+            error_message=error_message,
             first_failed_at=h.parse_timestamp(headers.get(h.FIRST_FAILED_AT)) or last,
             last_failed_at=last,
             headers=headers,
+            original_routing_key=original_key,
         )
 
     @property

@@ -27,7 +27,7 @@ class ReplayReport:
     replayed: int = 0
     returned: int = 0  # unroutable: no queue took it; it stays parked
     failed: int = 0  # nacked by the broker (e.g. a full target); it stays parked
-    skipped: int = 0  # no origin queue known and no --to-exchange/--routing-key
+    skipped: int = 0  # no target known (see replay_target); it stays parked
     plan: list[tuple[str | None, str, str]] = field(default_factory=list)  # dry run targets
     problems: Counter[str] = field(default_factory=Counter)
 
@@ -54,6 +54,44 @@ def replay_headers(headers: dict[str, Any], now: datetime) -> dict[str, Any]:
     out[h.REPLAY_COUNT] = (previous if isinstance(previous, int) else 0) + 1
     out[h.REPLAYED_AT] = h.format_timestamp(now)
     return out
+
+
+def replay_target(
+    message: ParkedMessage,
+    parking_queue: str,
+    *,
+    to_exchange: str | None = None,
+    routing_key: str | None = None,
+) -> tuple[str, str] | str:
+    """Where a replay sends ``message``: ``(exchange, routing key)``, or why it cannot (a problem
+    line; the message stays parked). Never a guessed target:
+
+    * no override: the default exchange to the origin queue (the queue it last died in);
+    * ``routing_key`` (with or without ``to_exchange``): exactly that key, on ``to_exchange`` or
+      the default exchange (where a key is a queue name);
+    * ``to_exchange`` alone: the message's original routing key (rmqkit's
+      ``rmqkit-original-routing-key``, else the key x-death recorded when it died in its origin
+      queue). The origin queue's *name* is not a routing key of a named exchange: routing by it
+      sent every message to the wrong place (an alternate exchange's catch-all) or nowhere.
+      ``to_exchange=""`` is the default exchange, as with no override.
+    """
+    exchange = to_exchange or ""
+    if routing_key is not None:
+        key = routing_key
+    elif exchange:
+        if message.original_routing_key is None:
+            return (
+                f"no original routing key known for exchange {exchange!r} "
+                "(not parked by rmqkit, no x-death route): pass --routing-key"
+            )
+        key = message.original_routing_key
+    elif message.origin_queue is not None:
+        key = message.origin_queue
+    else:
+        return "no origin queue known: pass --to-exchange and/or --routing-key"
+    if exchange == "" and key == parking_queue:
+        return f"the target is the parking queue {parking_queue!r} itself"
+    return exchange, key
 
 
 async def replay_parked(
@@ -107,12 +145,12 @@ async def replay_parked(
             if limit is not None and report.selected >= limit:
                 return Verdict.STOP
             report.selected += 1
-            exchange = to_exchange if to_exchange is not None else ""
-            key = routing_key if routing_key is not None else message.origin_queue
-            if key is None:
+            target = replay_target(message, queue, to_exchange=to_exchange, routing_key=routing_key)
+            if isinstance(target, str):
                 report.skipped += 1
-                report.problems["no origin queue (pass --routing-key)"] += 1
+                report.problems[target] += 1
                 return Verdict.KEEP
+            exchange, key = target
             if dry_run:
                 report.plan.append((message.message_id, exchange, key))
                 return Verdict.KEEP
