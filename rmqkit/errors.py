@@ -94,6 +94,15 @@ class ConfigError(RmqkitError):
     exit_code = ExitCode.CONFIG
 
 
+class UnsupportedDependency(ConfigError):
+    """An installed client library (aio-pika, aiormq, pamqp) does not behave as rmqkit needs.
+
+    Raised before anything is published: on such a version a returned message could be counted
+    confirmed and its original acked (lost). The message names the installed and supported
+    versions.
+    """
+
+
 class Interrupted(RmqkitError):
     """The user interrupted the command (Ctrl-C / SIGINT)."""
 
@@ -112,5 +121,6 @@ __all__ = [
     "RmqkitError",
     "TopologyConflict",
     "TopologyFileError",
+    "UnsupportedDependency",
     "UsageError",
 ]

@@ -18,29 +18,39 @@ all the publishes made between two event-loop turns go to the socket in one writ
 
 The publisher owns the channel's publishing: nothing else may publish on it (aiormq numbers
 publishes itself, and the numbers must follow the order on the wire).
+
+It works through aiormq internals (the confirm table, the write queue, the reader's return
+handler), all in ``rmqkit.broker.internals``. Before the process's first publisher is made,
+``check_return_handling`` proves on a fake frame exchange that a returned message without a
+message_id reaches this publisher's hook, and refuses (``UnsupportedDependency``, exit 78)
+otherwise: an aiormq that bypasses the hook would turn every such return into a loss.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
+import threading
 from collections.abc import Iterable
-from importlib.metadata import version
 from typing import Any, Final
 
 import aiormq
 import pamqp.frame
-from aiormq.abc import ChannelFrame
 from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-# aiormq internals used here (checked when a publisher is made, so a change fails loudly
-# instead of mismatching confirms): the confirm table and counter, the connection's write
-# queue, and the reader's return hook with the two calls that read a message's content.
-_RETURN_HOOK: Final = "_on_return_frame"
-_READ_HEADER: Final = "_Channel__get_content_header"
-_NEEDED: Final = ("confirmations", "delivery_tag", "write_queue", "number", "_read_content")
+from rmqkit.broker import internals
+
+# The start-up probe (check_return_handling): a returned message without a message_id, played
+# through a real aiormq channel without a broker. Its result holds for the process.
+_PROBE_KEY: Final = "rmqkit.return-probe"
+_PROBE_BODY: Final = b"rmqkit return probe"
+_PROBE_TIMEOUT_S: Final = 5.0
+_PROBE_THREAD: Final = "rmqkit-return-probe"
+_probe_lock = threading.Lock()
+_probe_result: list[str | None] = []  # [] not run yet, [None] passed, [problem] failed
 
 
 class Outcome(enum.Enum):
@@ -84,21 +94,22 @@ class ConfirmedPublisher:
     open, for the caller to close).
     """
 
-    def __init__(self, channel: aiormq.abc.AbstractChannel, *, window: int = 1000) -> None:
-        needed = (*_NEEDED, _RETURN_HOOK, _READ_HEADER)
-        missing = [name for name in needed if not hasattr(channel, name)]
-        if missing or not getattr(channel, "publisher_confirms", False):
-            raise RuntimeError(
-                f"rmqkit needs a confirm-mode aiormq channel with {', '.join(needed)}; "
-                f"this aiormq ({version('aiormq')}) lacks {missing or 'confirm mode'}"
-            )
+    def __init__(
+        self, channel: aiormq.abc.AbstractChannel, *, window: int = 1000, _probe: bool = False
+    ) -> None:
+        if not _probe:
+            # Before the first publish of the process: a client whose returns bypass the hook
+            # would count returned copies confirmed (exit 78 instead, nothing touched).
+            check_return_handling()
+        if not getattr(channel, "publisher_confirms", False):
+            raise RuntimeError("ConfirmedPublisher needs a channel opened with publisher_confirms")
         self._channel: Any = channel  # the concrete aiormq.Channel: its internals are untyped
         self._room = asyncio.Semaphore(window)
         self._inflight: dict[Key, _Pending] = {}
         self._wire: list[bytes] = []  # encoded publishes not yet handed to the writer
         self._wake = asyncio.Event()
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
-        setattr(channel, _RETURN_HOOK, self._on_return)  # an instance override of the reader hook
+        internals.install_return_hook(channel, self._on_return)
 
     async def publish(
         self,
@@ -125,10 +136,8 @@ class ConfirmedPublisher:
         if channel.is_closed or self._writer.done():
             self._room.release()
             raise aiormq.exceptions.ChannelInvalidStateError("the publishing channel is closed")
-        channel.delivery_tag += 1
-        pending = _Pending(channel.delivery_tag, asyncio.get_running_loop().create_future())
-        confirm: asyncio.Future[Any] = channel.create_future()
-        channel.confirmations[pending.tag] = confirm
+        tag, confirm = internals.register_confirm(channel)
+        pending = _Pending(tag, asyncio.get_running_loop().create_future())
         self._inflight[key] = pending
         confirm.add_done_callback(lambda done: self._settle(key, pending, done))
         self._wire.append(wire)
@@ -146,21 +155,19 @@ class ConfirmedPublisher:
         await asyncio.gather(self._writer, return_exceptions=True)
 
     def _body_frames(self, body: bytes) -> Iterable[ContentBody]:
-        size = int(self._channel.max_content_size)
+        size = internals.max_body_frame(self._channel)
         if len(body) <= size:
             return (ContentBody(body),) if body else ()
         return [ContentBody(body[i : i + size]) for i in range(0, len(body), size)]
 
     async def _write_loop(self) -> None:
-        channel = self._channel
         try:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
                 wire, self._wire = self._wire, []
                 if wire:  # one write for everything published since the last turn
-                    payload = b"".join(wire)
-                    await channel.write_queue.put(ChannelFrame(payload=payload, should_close=False))
+                    await internals.write(self._channel, b"".join(wire))
         except BaseException as exc:
             # Frames not written are not sent: none of the publishes waiting may be confirmed.
             error = aiormq.exceptions.ChannelInvalidStateError(f"publisher stopped: {exc!r}")
@@ -189,11 +196,10 @@ class ConfirmedPublisher:
         else:
             outcome.set_result(Outcome.CONFIRMED)
 
-    async def _on_return(self, frame: spec.Basic.Return) -> None:
-        """The reader's hook for basic.return: read the message, settle its publish."""
-        channel = self._channel
-        header = await getattr(channel, _READ_HEADER)()
-        message = await channel._read_content(frame, header)
+    async def _on_return(
+        self, frame: spec.Basic.Return, message: aiormq.abc.DeliveredMessage
+    ) -> None:
+        """The reader's hook for basic.return: settle the publish it returns."""
         exchange, routing_key = frame.exchange or "", frame.routing_key or ""
         key: Key = (exchange, routing_key, message.header.properties.message_id, message.body)
         match = self._inflight.get(key)
@@ -209,8 +215,104 @@ class ConfirmedPublisher:
         if pending.outcome.done():
             return
         pending.outcome.set_result(Outcome.RETURNED)
-        # The broker's ack for it follows: aiormq drops an ack for its Returning marker quietly.
-        confirm = self._channel.confirmations.get(pending.tag)
-        self._channel.confirmations[pending.tag] = aiormq.channel.Returning()
-        if isinstance(confirm, asyncio.Future):
+        confirm = internals.mark_returned(self._channel, pending.tag)
+        if confirm is not None:
             confirm.cancel()  # runs _settle: frees the window slot and the key
+
+
+def check_return_handling() -> None:
+    """Refuse to publish unless a return without a message_id reaches ConfirmedPublisher.
+
+    Runs once per process (a few milliseconds, no broker): the probe's result is kept. Raises
+    ``UnsupportedDependency`` (exit 78) naming the installed and supported client versions.
+    """
+    with _probe_lock:
+        if not _probe_result:
+            _probe_result.append(probe_return_handling())
+        problem = _probe_result[0]
+    if problem is not None:
+        raise internals.unsupported(problem)
+
+
+def probe_return_handling() -> str | None:
+    """Play one publish and its return through a real aiormq channel; None if rmqkit saw it.
+
+    The channel has no broker: the publish is read back from its write queue, and a
+    ``basic.return`` of the message without a message_id, its header, its body and the broker's
+    ``basic.ack`` are fed to the channel's reader as aiormq's connection reader would. The
+    outcome must be RETURNED; CONFIRMED is the loss this guards against. Runs on its own event
+    loop in a short-lived thread, so it works from synchronous code and inside a running loop.
+    """
+    result: list[str | None] = []
+
+    def run() -> None:
+        try:
+            result.append(asyncio.run(asyncio.wait_for(_probe(), _PROBE_TIMEOUT_S)))
+        except Exception as exc:  # any failure of the internals is a "no"
+            result.append(f"the return-handling probe failed ({type(exc).__name__}: {exc})")
+
+    # What aiormq logs about the probe's fake frames (an old aiormq's own return handler
+    # complains of the missing message_id) would only confuse: the result says it all.
+    quiet = _ThreadFilter(_PROBE_THREAD)
+    loggers = [logging.getLogger(name) for name in ("aiormq.channel", "aiormq.connection")]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        thread = threading.Thread(target=run, name=_PROBE_THREAD, daemon=True)
+        thread.start()
+        thread.join(_PROBE_TIMEOUT_S + 5)
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+    return result[0] if result else "the return-handling probe did not finish"
+
+
+class _ThreadFilter(logging.Filter):
+    """Drops the log records of one thread."""
+
+    def __init__(self, thread_name: str) -> None:
+        super().__init__()
+        self.thread_name = thread_name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != self.thread_name
+
+
+async def _probe() -> str | None:
+    channel = await internals.open_probe_channel()
+    publisher = ConfirmedPublisher(channel, window=1, _probe=True)
+    try:
+        body = _PROBE_BODY
+        settled = await publisher.publish(
+            body, exchange="", routing_key=_PROBE_KEY, properties=spec.Basic.Properties()
+        )
+        sent = internals.unmarshal_all(await internals.written(channel))
+        if not (
+            len(sent) == 3
+            and isinstance(sent[0], spec.Basic.Publish)
+            and sent[0].mandatory
+            and isinstance(sent[2], ContentBody)
+            and sent[2].value == body
+        ):
+            return f"a publish was written as {[type(f).__name__ for f in sent]}"
+        await internals.receive(
+            channel,
+            [
+                spec.Basic.Return(
+                    reply_code=312, reply_text="NO_ROUTE", exchange="", routing_key=_PROBE_KEY
+                ),
+                ContentHeader(body_size=len(body), properties=spec.Basic.Properties()),
+                ContentBody(body),
+                spec.Basic.Ack(delivery_tag=1),
+            ],
+        )
+        outcome = await settled
+    finally:
+        await publisher.close()
+        await internals.close_probe_channel(channel)
+    if outcome is not Outcome.RETURNED:
+        return (
+            "the installed client libraries would lose returned messages (a basic.return "
+            f"without a message_id never reached rmqkit's hook and was counted {outcome.value})"
+        )
+    return None

@@ -1,8 +1,9 @@
 """The one hook into pamqp: typed content headers for connections opened in typed_decoding().
 
 Reading needs one hook, because aiormq decodes frames inside pamqp before any of our code sees
-them, and the widths are gone by then. ``install()`` wraps ``pamqp.frame._unmarshal_header_frame``
-(explicit, idempotent, version- and structure-checked). The wrapper is inert unless the context
+them, and the widths are gone by then. ``install()`` wraps pamqp's content-header decoder
+(explicit, idempotent, version- and structure-checked; the pamqp internals it touches are in
+``rmqkit.broker.internals``). The wrapper is inert unless the context
 variable that ``typed_decoding()`` sets is true in the task that reads the socket. aiormq's reader
 task copies the context of whoever awaits ``aiormq.connect``, so:
 ``with typed_decoding(): conn = await aiormq.connect(url)`` (or ``await connect_typed(url)``) gives
@@ -21,23 +22,22 @@ from typing import Any, Final
 
 import aiormq
 import aiormq.abc
-import pamqp.frame
-from pamqp import commands as spec
 from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ContentHeader
 
+from rmqkit.broker import internals
 from rmqkit.broker.typed_properties import PROPERTIES, TypedProperties
-from rmqkit.errors import RmqkitError
 
 _TYPED_DECODING: ContextVar[bool] = ContextVar("rmqkit_typed_amqp_decoding", default=False)
-SUPPORTED_PAMQP_MAJORS: Final = (3, 4)
-"""pamqp major versions ``install()`` accepts (checked with 4.0.1), given the structure checks."""
+SUPPORTED_PAMQP_MAJORS: Final = (4,)
+"""pamqp major versions ``install()`` accepts (4.0.0 and 4.0.1 tested), structure checked too."""
 
 _EXPECTED_SLOTS: Final = [p.attr for p in PROPERTIES]
+_EXPECTED_FLAGS: Final = {p.attr: p.flag for p in PROPERTIES}
 
 
 class _HeaderFrameHook:
-    """Stands in for ``pamqp.frame._unmarshal_header_frame``; inert outside typed_decoding()."""
+    """Stands in for pamqp's content-header decoder; inert outside typed_decoding()."""
 
     def __init__(self, original: Callable[[bytes], ContentHeader]) -> None:
         self.original = original
@@ -65,25 +65,13 @@ def pamqp_problems() -> list[str]:
         problems.append(
             f"pamqp {version} is not a supported major version {SUPPORTED_PAMQP_MAJORS}"
         )
-    current = getattr(pamqp.frame, "_unmarshal_header_frame", None)
-    if not callable(current):
-        problems.append("pamqp.frame._unmarshal_header_frame is missing")
-    if "_unmarshal_header_frame" not in pamqp.frame.unmarshal.__code__.co_names:
-        problems.append("pamqp.frame.unmarshal no longer calls _unmarshal_header_frame")
-    if "unmarshal" not in ContentHeader.unmarshal.__code__.co_names:
-        problems.append("ContentHeader.unmarshal no longer calls properties.unmarshal")
-    if "marshal" not in ContentHeader.marshal.__code__.co_names:
-        problems.append("ContentHeader.marshal no longer calls properties.marshal")
-    if list(spec.Basic.Properties.__slots__) != _EXPECTED_SLOTS:
-        problems.append("pamqp's Basic.Properties attributes changed")
-    if any(spec.Basic.Properties.flags.get(p.attr) != p.flag for p in PROPERTIES):
-        problems.append("pamqp's Basic.Properties flag bits changed")
+    problems.extend(internals.header_hook_problems(_EXPECTED_SLOTS, _EXPECTED_FLAGS))
     return problems
 
 
 def is_installed() -> bool:
     """Whether ``install()`` has put the hook in place."""
-    return isinstance(getattr(pamqp.frame, "_unmarshal_header_frame", None), _HeaderFrameHook)
+    return isinstance(internals.header_decoder(), _HeaderFrameHook)
 
 
 def install() -> None:
@@ -96,23 +84,18 @@ def install() -> None:
         return
     problems = pamqp_problems()
     if problems:
-        raise RmqkitError(
-            "cannot decode AMQP headers with exact types: " + "; ".join(problems) + ". "
-            "Install a pamqp version rmqkit supports (4.0.x is tested)."
+        raise internals.unsupported(
+            "cannot decode AMQP headers with exact types: " + "; ".join(problems)
         )
     # The patch itself, explicit: one module attribute, restored by uninstall().
-    setattr(  # noqa: B010
-        pamqp.frame,
-        "_unmarshal_header_frame",
-        _HeaderFrameHook(pamqp.frame._unmarshal_header_frame),
-    )
+    internals.set_header_decoder(_HeaderFrameHook(internals.header_decoder()))
 
 
 def uninstall() -> None:
     """Restore pamqp's own function (for tests)."""
-    current = getattr(pamqp.frame, "_unmarshal_header_frame", None)
+    current = internals.header_decoder()
     if isinstance(current, _HeaderFrameHook):
-        setattr(pamqp.frame, "_unmarshal_header_frame", current.original)  # noqa: B010
+        internals.set_header_decoder(current.original)
 
 
 @contextlib.contextmanager
