@@ -12,25 +12,27 @@ import asyncio
 import json
 import os
 import sqlite3
+import threading
 import time
 from typing import Any
 
 import rmqkit
 from rmqkit.headers import LAST_FAILED_AT, parse_timestamp
 
-_db: sqlite3.Connection | None = None
+_local = threading.local()  # one connection per thread: sync handlers run in several
 
 
 def ledger() -> sqlite3.Connection:
-    global _db
-    if _db is None:
-        _db = sqlite3.connect(os.environ["RMQKIT_TEST_LEDGER"], timeout=30, isolation_level=None)
-        _db.execute("PRAGMA journal_mode=WAL")
-        _db.execute("PRAGMA synchronous=OFF")
-        _db.execute(
+    db: sqlite3.Connection | None = getattr(_local, "db", None)
+    if db is None:
+        db = sqlite3.connect(os.environ["RMQKIT_TEST_LEDGER"], timeout=30, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=OFF")
+        db.execute(
             "CREATE TABLE IF NOT EXISTS events (message_id TEXT, attempt INT, kind TEXT, t REAL)"
         )
-    return _db
+        _local.db = db
+    return db
 
 
 def record(message_id: str | None, attempt: int, kind: str) -> None:
@@ -79,3 +81,18 @@ async def handle_by_body_id(message: rmqkit.Message) -> None:
     if int(order.get("fail", 0)) >= message.attempt:
         raise ConnectionError(f"downstream timed out on attempt {message.attempt}")
     record(key, message.attempt, "effect")
+
+
+_never = threading.Event()  # never set: a handler that waits on it never returns
+
+
+def handle_sync(message: rmqkit.Message) -> None:
+    """A plain ``def`` handler (runs in the handler threads). Body {"id", "hang": bool,
+    "sleep": seconds}: ``hang`` blocks its thread for good (a stuck call that ignores timeouts)."""
+    order: dict[str, Any] = message.json()
+    record(message.message_id, message.attempt, "attempt")
+    if order.get("hang"):
+        _never.wait()
+    if order.get("sleep"):
+        time.sleep(float(order["sleep"]))
+    record(message.message_id, message.attempt, "effect")

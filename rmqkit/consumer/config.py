@@ -34,7 +34,9 @@ class ConsumerConfig:
     queue: str
     policy: QueuePolicy
     prefetch: int = DEFAULT_PREFETCH
-    concurrency: int | None = None  # None: as many handlers in flight as prefetch allows
+    # Handlers in flight (None: the prefetch). The consumer never prefetches more than this:
+    # a message it holds can always start (build_config caps prefetch and says so).
+    concurrency: int | None = None
     handler_timeout_s: float | None = DEFAULT_HANDLER_TIMEOUT_S
     grace_s: float = 30.0
     max_message_bytes: int | None = None
@@ -195,6 +197,17 @@ def build_config(
         warnings.append(
             f"queue {queue!r} has no retry tiers: every transient failure is parked at once"
         )
+    if flags.concurrency is not None and flags.concurrency < prefetch:
+        # A message prefetched but not started is handed back when the worker stops or
+        # restarts, and on 3.10-4.2 every return counts toward the queue's delivery limit (on
+        # 4.3 a channel close still does): restarts would park healthy messages as
+        # delivery_limit without their handler ever running. So hold only what can start.
+        warnings.append(
+            f"prefetch {prefetch} capped to --concurrency {flags.concurrency}: messages held "
+            "but not started would be handed back at every stop or restart, spending their "
+            "delivery attempts"
+        )
+        prefetch = flags.concurrency
     if prefetch > 2000:
         warnings.append(f"prefetch {prefetch} is above the 2,000 quorum queues allow")
     return ConsumerConfig(

@@ -16,7 +16,8 @@ A body that fails that decoding or validation never reaches the handler: the out
 ``Undecodable`` (parked as ``undecodable``).
 
 ``async def`` handlers are awaited in the event loop; plain ``def`` handlers run in a thread pool
-(``asyncio.to_thread``, or the executor given to run_handler) so they cannot block it.
+(``asyncio.to_thread``, an executor, or the consumer's HandlerThreads given to run_handler) so
+they cannot block it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from rmqkit.consumer.decision import (
     qualified_type_name,
 )
 from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
+from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.errors import ConfigError
 
 
@@ -319,7 +321,7 @@ async def run_handler(
     *,
     timeout_s: float | None,
     permanent_types: frozenset[str],
-    executor: Executor | None = None,
+    executor: Executor | HandlerThreads | None = None,
 ) -> Outcome:
     """Run ``handler`` on ``message`` and say how it ended. Never raises, except CancelledError
     (and BaseExceptions such as SystemExit/KeyboardInterrupt, which are not outcomes).
@@ -331,7 +333,10 @@ async def run_handler(
     ``permanent_types``: exception type names (qualified or bare, as in
     QueuePolicy.permanent_errors) that mark a failure permanent; a listed base class covers its
     subclasses. ``executor``: where sync handlers run (default: the loop's default executor
-    through asyncio.to_thread, whose size bounds how many sync handlers run at once).
+    through asyncio.to_thread, whose size bounds how many sync handlers run at once). With
+    HandlerThreads (the consumer's) the timeout starts only once a thread is free, so a message
+    never times out queued behind other calls, and a call that outlives its timeout is counted
+    as stuck.
 
     The handler runs in the calling task: no task is created per message, and the timeout
     cancels the calling task's await exactly as ``asyncio.timeout`` would (a cancellation from
@@ -358,6 +363,8 @@ async def run_handler(
             return _classify(exc, permanent_types)
         return _SUCCESS
 
+    if isinstance(executor, HandlerThreads) and not handler.is_async and executor.full:
+        await executor.wait_for_thread()  # the timeout counts from the handler's start
     watchdog = _watchdog()
     deadline = watchdog.start(timeout_s)
     try:
@@ -471,9 +478,11 @@ def _watchdog() -> _Watchdog:
 
 
 async def _in_thread(
-    target: Callable[[Any], Any], argument: Any, executor: Executor | None
+    target: Callable[[Any], Any], argument: Any, executor: Executor | HandlerThreads | None
 ) -> None:
-    if executor is None:
+    if isinstance(executor, HandlerThreads):
+        result = await executor.run(target, argument)
+    elif executor is None:
         result = await asyncio.to_thread(target, argument)
     else:
         call = functools.partial(contextvars.copy_context().run, target, argument)

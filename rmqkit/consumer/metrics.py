@@ -19,13 +19,18 @@ Series (all prefixed ``rmqkit_consumer_``):
 ``reconnects_total``   counter    connections re-established after a loss
 ``connected``          gauge      1 while the AMQP connection is open
 ``consuming``          gauge      1 while the consumer is registered on the queue
+``stuck_handlers``     gauge      sync handler calls still running past their timeout (their
+                                  threads cannot be stopped)
+``handler_threads_``   counter    times stuck calls held all the spare handler threads and the
+``exhausted_total``               worker process was recycled
 =====================  =========  ===============================================================
 
 ``HealthServer`` is a minimal asyncio HTTP/1.1 server for the metrics port: ``GET /metrics``
 (Prometheus text format 0.0.4), ``GET /healthz`` (liveness: the runner's loop called
 ``heartbeat()`` within ``stale_after_s``) and ``GET /readyz`` (readiness: connected and
-consuming). Every response closes the connection. Requests are read under a deadline with bounded
-line and header sizes, so a slow or hostile client cannot hold the loop or the memory.
+consuming, and the handler threads not exhausted by stuck calls). Every response closes the
+connection. Requests are read under a deadline with bounded line and header sizes, so a slow or
+hostile client cannot hold the loop or the memory.
 
 With ``--processes N`` each worker process has its own registry; only one process can listen on a
 given port, so whoever wires the supervisor decides which process serves it (or gives each worker
@@ -119,6 +124,9 @@ class ConsumerMetrics:
         self._handler_sum = 0.0
         self._in_flight = 0
         self._reconnects = 0
+        self._stuck_handlers = 0
+        self._threads_exhausted = 0
+        self.threads_exhausted_now = False  # until the worker is recycled: not ready
         self.connected = False
         self.consuming = False
         self.last_heartbeat = time.monotonic()
@@ -167,6 +175,15 @@ class ConsumerMetrics:
     def set_consuming(self, consuming: bool) -> None:
         self.consuming = consuming
 
+    def set_stuck_handlers(self, stuck: int) -> None:
+        """Sync handler calls still running past their timeout."""
+        self._stuck_handlers = stuck
+
+    def threads_exhausted(self) -> None:
+        """Stuck calls hold the handler threads: counted, and /readyz fails from now on."""
+        self._threads_exhausted += 1
+        self.threads_exhausted_now = True
+
     def heartbeat(self) -> None:
         """Called periodically by the runner's loop; ``/healthz`` fails when it stops."""
         self.last_heartbeat = time.monotonic()
@@ -177,6 +194,11 @@ class ConsumerMetrics:
 
     def not_ready_reason(self) -> str | None:
         """Why the consumer is not ready, or None when it is (connected and consuming)."""
+        if self.threads_exhausted_now:
+            return (
+                f"handler threads exhausted by {self._stuck_handlers} stuck handler call(s); "
+                "the worker is being recycled"
+            )
         if not self.connected:
             return "not connected to the broker"
         if not self.consuming:
@@ -253,6 +275,16 @@ class _Collector(Collector):
         yield gauge("connected", "1 while the AMQP connection is open.", int(m.connected))
         yield gauge(
             "consuming", "1 while the consumer is registered on the work queue.", int(m.consuming)
+        )
+        yield gauge(
+            "stuck_handlers",
+            "Sync handler calls still running past their timeout (threads cannot be stopped).",
+            m._stuck_handlers,
+        )
+        yield counter(
+            "handler_threads_exhausted",
+            "Times stuck handler calls held all spare handler threads (worker recycled).",
+            m._threads_exhausted,
         )
 
 

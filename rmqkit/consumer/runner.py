@@ -16,7 +16,6 @@ import logging
 import os
 import random
 import socket
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from time import monotonic, perf_counter
 from typing import Any
@@ -34,6 +33,7 @@ from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.decision import (
     Ack,
+    HandlerTimeout,
     MissingMessageId,
     Park,
     Success,
@@ -45,6 +45,7 @@ from rmqkit.consumer.handler import LoadedHandler, run_handler
 from rmqkit.consumer.logs import current_message
 from rmqkit.consumer.message import Message
 from rmqkit.consumer.metrics import ConsumerMetrics
+from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
 from rmqkit.headers import ATTEMPT
 from rmqkit.settings import Settings, mask_url
@@ -120,23 +121,24 @@ class Consumer:
         self._publisher: ConfirmedPublisher | None = None  # the current channel's
         self._wait_queues = config.policy.all_wait_queues
         self._permanent = frozenset(config.policy.permanent_errors)
-        self._sem = (
-            asyncio.Semaphore(config.concurrency)
-            if config.concurrency and config.concurrency < config.prefetch
-            else None
-        )
-        self._flush_threshold = max(1, config.prefetch // 4)
+        # Never hold more messages than can start: a prefetched message no handler started is
+        # handed back at every stop or restart, and each return spends one of its delivery
+        # attempts (issue 9, finding 12). So the prefetch is the concurrency, and every
+        # delivery starts its handler at once: no semaphore on the hot path.
+        self.prefetch = min(config.prefetch, config.concurrency or config.prefetch)
+        self._flush_threshold = max(1, self.prefetch // 4)
         self._pid = os.getpid()
         self.processed = 0  # deliveries settled in this process (for tests and logs)
-        # Plain `def` handlers run here: sized to the handlers allowed in flight, and shut down
-        # without waiting at stop (a hung thread must not hold the process past its grace).
-        self.executor = (
-            None
-            if handler.is_async
-            else ThreadPoolExecutor(
-                max_workers=config.concurrency or config.prefetch, thread_name_prefix="rmqkit"
-            )
-        )
+        # Set when stuck sync handlers hold the handler threads: the worker exits to be
+        # restarted (see _check_threads).
+        self.recycle = False
+        # Plain `def` handlers run here: a thread per message held plus spares for calls stuck
+        # past their timeout (rmqkit.consumer.threads); never waited for at exit.
+        self.threads: HandlerThreads | None = None
+        if not handler.is_async:
+            self.threads = HandlerThreads(self.prefetch)
+            threads = self.threads
+            threads.on_change = lambda: metrics.set_stuck_handlers(threads.stuck)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -151,8 +153,8 @@ class Consumer:
 
     def close(self) -> None:
         """Release the handler threads without waiting for ones still running."""
-        if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.threads is not None:
+            self.threads.close()
 
     async def run(self) -> None:
         """Consume until stopped. Raises AccessRefused/ConfigError (fatal); retries the rest."""
@@ -227,7 +229,7 @@ class Consumer:
         channel = await raw.channel(publisher_confirms=True)
         publisher = self._publisher = ConfirmedPublisher(channel)
         await self._check_targets(raw)
-        await channel.basic_qos(prefetch_count=1 if self._cautious else self.config.prefetch)
+        await channel.basic_qos(prefetch_count=1 if self._cautious else self.prefetch)
         tracker = AckTracker()
         self._tracker = tracker
         flusher = asyncio.create_task(self._flusher(channel, tracker))
@@ -239,7 +241,7 @@ class Consumer:
             "consuming %s on %s (prefetch %s)",
             self.config.queue,
             mask_url(str(raw.url)),
-            "1, cautious after a crash" if self._cautious else self.config.prefetch,
+            "1, cautious after a crash" if self._cautious else self.prefetch,
         )
         stop_wait = asyncio.ensure_future(self._stop.wait())
         closing = asyncio.ensure_future(channel.closing)
@@ -321,12 +323,12 @@ class Consumer:
     async def _widen_prefetch(self, channel: AbstractChannel) -> None:
         """Leave cautious mode. basic.qos only applies to consumers created after it, so a new
         consumer takes over at the full prefetch and the prefetch-1 one is cancelled."""
-        await channel.basic_qos(prefetch_count=self.config.prefetch)
+        await channel.basic_qos(prefetch_count=self.prefetch)
         old_tag = self._consumer_tag
         consume_ok = await channel.basic_consume(self.config.queue, self._on_delivery, no_ack=False)
         self._consumer_tag = str(consume_ok.consumer_tag)
         await channel.basic_cancel(old_tag)
-        log.info("left cautious mode: prefetch %d", self.config.prefetch)
+        log.info("left cautious mode: prefetch %d", self.prefetch)
 
     async def _flush(self, channel: AbstractChannel, tracker: AckTracker) -> None:
         before = tracker.outstanding
@@ -350,13 +352,7 @@ class Consumer:
         self.metrics.received()
         self.metrics.in_flight_inc()
         try:
-            if self._sem is None:
-                await self._handle(delivered, tracker, tag)
-            else:
-                async with self._sem:
-                    if self._stopping:
-                        return  # not started: left unacked, redelivered after we close
-                    await self._handle(delivered, tracker, tag)
+            await self._handle(delivered, tracker, tag)
         finally:
             self._in_flight -= 1
             self.metrics.in_flight_dec()
@@ -399,12 +395,14 @@ class Consumer:
                 message,
                 timeout_s=config.handler_timeout_s,
                 permanent_types=self._permanent,
-                executor=self.executor,
+                executor=self.threads,
             )
             self.metrics.observe_handler(perf_counter() - started)
         if type(outcome) is Success:
             self._finished(tracker, tag)
             return
+        if type(outcome) is HandlerTimeout and self.threads is not None:
+            self._check_threads(self.threads)
         deliver = delivered.delivery
         decision = decide(
             outcome,
@@ -420,6 +418,27 @@ class Consumer:
             self._finished(tracker, tag)
             return
         await self._publish_copy(delivered, decision, tracker, tag, attempt)
+
+    def _check_threads(self, threads: HandlerThreads) -> None:
+        """After a sync handler's timeout: if stuck calls now hold the handler threads, say so
+        and recycle this worker (a thread cannot be stopped; a new process gets them back).
+
+        The stuck messages' retry copies go out as usual before the stop; the graceful drain
+        then lets the handlers still running finish within the grace, and the supervisor
+        restarts the worker. A message that hangs its handler every time thus spends its own
+        attempts (and, if it is running at a restart, its own delivery-limit count) only.
+        """
+        if not threads.exhausted or self.recycle:
+            return
+        self.recycle = True
+        self.metrics.threads_exhausted()
+        log.error(
+            "handler threads exhausted: %d call(s) still running past the handler timeout "
+            "(%gs) hold the spare threads; recycling this worker process",
+            threads.stuck,
+            self.config.handler_timeout_s or 0,
+        )
+        self.stop()
 
     def _finished(self, tracker: AckTracker, tag: int) -> None:
         tracker.finished(tag)

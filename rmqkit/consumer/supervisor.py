@@ -27,6 +27,9 @@ from rmqkit.errors import ExitCode
 from rmqkit.settings import Settings
 
 log = logging.getLogger("rmqkit.supervisor")
+# Mirrors rmqkit.consumer.worker.RECYCLE_EXIT_CODE (not imported: the supervisor process stays
+# free of the worker's broker stack).
+RECYCLE_EXIT_CODE = 75
 FATAL_EXIT_CODES = frozenset({ExitCode.DATA, ExitCode.ACCESS, ExitCode.CONFIG})
 RESTART_BASE_S = 0.2
 RESTART_CAP_S = 5.0
@@ -129,9 +132,11 @@ class Supervisor:
                     delay = min(RESTART_CAP_S, RESTART_BASE_S * 2 ** (slot.failures - 1))
                     slot.restart_at = now + delay
                     log.warning(
-                        "worker %d died (exit %s) after %.1fs; restarting in %.1fs",
+                        "worker %d %s after %.1fs; restarting in %.1fs",
                         slot.index,
-                        code,
+                        "recycled (stuck handlers held its threads)"
+                        if code == RECYCLE_EXIT_CODE
+                        else f"died (exit {code})",
                         lived,
                         delay,
                     )

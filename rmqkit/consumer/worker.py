@@ -7,16 +7,21 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.handler import load_handler
 from rmqkit.consumer.logs import configure_logging
 from rmqkit.consumer.metrics import ConsumerMetrics, HealthServer
 from rmqkit.consumer.runner import Consumer
+from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.errors import ExitCode, RmqkitError
 from rmqkit.settings import Settings
 
 log = logging.getLogger("rmqkit.consumer")
+# The worker's exit code when stuck handler calls exhausted its threads: the supervisor restarts
+# it (any code but the fatal ones means restart) and names the reason.
+RECYCLE_EXIT_CODE = 75  # EX_TEMPFAIL
 
 
 def run_worker(
@@ -27,22 +32,47 @@ def run_worker(
     # aiormq logs a lost connection as an ERROR with a traceback; the runner reports it once,
     # as one line, and reconnects.
     logging.getLogger("aiormq").setLevel(logging.CRITICAL)
+    threads: list[HandlerThreads] = []
     try:
         handler = load_handler(config.handler)
-        return asyncio.run(_main(settings, config, handler, index=index, cautious=cautious))
+        code = asyncio.run(
+            _main(settings, config, handler, index=index, cautious=cautious, threads=threads)
+        )
     except RmqkitError as exc:
         log.error("%s", exc)
-        return exc.exit_code
+        code = exc.exit_code
+    if threads and threads[0].busy:
+        # A handler thread cannot be stopped, and the interpreter joins every pool thread at
+        # exit: a call that never returns would hold the process past its grace for good. The
+        # consumer has drained and closed its connection (what did not finish was not acked and
+        # comes back), so leave now.
+        log.warning(
+            "exiting with %d sync handler call(s) still running; their messages were not acked",
+            threads[0].busy,
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 async def _main(
-    settings: Settings, config: ConsumerConfig, handler: object, *, index: int, cautious: bool
+    settings: Settings,
+    config: ConsumerConfig,
+    handler: object,
+    *,
+    index: int,
+    cautious: bool,
+    threads: list[HandlerThreads],
 ) -> int:
     from rmqkit.consumer.handler import LoadedHandler
 
     assert isinstance(handler, LoadedHandler)
     metrics = ConsumerMetrics(config.queue, config.tier_names)
     consumer = Consumer(settings, config, handler, metrics, cautious=cautious)
+    if consumer.threads is not None:
+        threads.append(consumer.threads)
     loop = asyncio.get_running_loop()
     signals = 0
 
@@ -73,6 +103,8 @@ async def _main(
         if server is not None:
             await server.stop()
     log.info("stopped after %d message(s)", consumer.processed)
+    if consumer.recycle and not signals:
+        return RECYCLE_EXIT_CODE
     return ExitCode.OK
 
 
