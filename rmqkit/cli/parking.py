@@ -2,20 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rmqkit.cli.common import run_async, seconds_option, settings_from
+from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.parking_options import (
+    ERROR_OPT,
+    GREP_OPT,
+    HEADER_OPT,
+    ID_OPT,
+    NEWER_OPT,
+    OLDER_OPT,
+    ORIGIN_OPT,
+    QUEUE_ARG,
+    REASON_OPT,
+    REDACT_OPT,
+    TOPOLOGY_OPT,
+    WORK_OPT,
+    filtered,
+    read_ids,
+    stats_verdict,
+    warn_browse,
+)
+from rmqkit.cli.parking_options import age_text as _age
+from rmqkit.cli.parking_options import parked_filter as _filter
+from rmqkit.cli.parking_options import parking_queue as _queue
+from rmqkit.cli.parking_options import progress_bar as _progress
 from rmqkit.cli.render import stderr, stdout
 from rmqkit.errors import DataError, ExitCode, PartialSuccess, UsageError
-from rmqkit.parking.browse import BrowseStats
+from rmqkit.fileout import SafeOutput, check_output, output_mode
+from rmqkit.parking.journal import ImportJournal
 from rmqkit.parking.model import ParkedFilter, ParkedMessage, json_safe, redact_body, redact_value
 from rmqkit.parking.ops import (
     find_parked,
@@ -25,135 +47,21 @@ from rmqkit.parking.ops import (
 )
 from rmqkit.parking.replay import replay_parked
 from rmqkit.parking.transfer import export_parked, import_records, read_export
-from rmqkit.topology import load_topology
 
 app = typer.Typer(
     help="Inspect, replay, purge, export and import parked messages (never losing any).",
     no_args_is_help=True,
 )
 
-QUEUE_ARG = typer.Argument(None, help="Parking queue (or use --topology FILE --queue WORK).")
-TOPOLOGY_OPT = typer.Option(None, "--topology", "-t", help="Topology file naming the queue.")
-WORK_OPT = typer.Option(None, "--queue", "-q", help="Work queue whose parking queue to use.")
-REASON_OPT = typer.Option([], "--reason", help="permanent, exhausted, undecodable, … (repeatable)")
-ERROR_OPT = typer.Option(None, "--error-type", help="Error type glob, e.g. 'myapp.*Error'.")
-ORIGIN_OPT = typer.Option(None, "--origin", help="Origin (work) queue.")
-OLDER_OPT = typer.Option(None, "--older-than", help="Last failure older than, e.g. 1h.")
-NEWER_OPT = typer.Option(None, "--newer-than", help="Last failure newer than, e.g. 10m.")
-HEADER_OPT = typer.Option([], "--header", help="Header equals value: K=V (repeatable).")
-ID_OPT = typer.Option([], "--id", help="message_id (repeatable).")
-GREP_OPT = typer.Option(None, "--grep", help="Body contains this text.")
-REDACT_OPT = typer.Option(
-    [], "--redact", help="Mask this field in bodies and headers (repeatable; case-insensitive)."
-)
-
-
-def _queue(name: str | None, topology: Path | None, work: str | None) -> tuple[str, frozenset[str]]:
-    """The parking queue name and the sensitive fields the topology declares for it."""
-    if name and (topology or work):
-        raise UsageError("give either a parking queue name or --topology FILE --queue WORK")
-    if name:
-        return name, frozenset()
-    if topology is None or work is None:
-        raise UsageError("name the parking queue, or give --topology FILE --queue WORK")
-    spec = load_topology(topology)
-    if work not in spec.model.queues:
-        raise UsageError(f"{topology} has no work queue {work!r}")
-    return spec.parking_name(work), frozenset(
-        f.lower() for f in spec.model.queues[work].sensitive_fields
-    )
-
-
-def _filter(
-    reason: list[str],
-    error_type: str | None,
-    origin: str | None,
-    older_than: str | None,
-    newer_than: str | None,
-    header: list[str],
-    ids: list[str],
-    grep: str | None,
-) -> ParkedFilter:
-    pairs = []
-    for item in header:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--header wants K=V, got {item!r}")
-        pairs.append((key, value))
-    return ParkedFilter(
-        reasons=frozenset(reason),
-        error_type=error_type,
-        origin=origin,
-        older_than_s=seconds_option(older_than, "--older-than"),
-        newer_than_s=seconds_option(newer_than, "--newer-than"),
-        headers=tuple(pairs),
-        ids=frozenset(ids),
-        grep=grep.encode() if grep else None,
-    )
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-def _warn_browse(name: str, stats: BrowseStats) -> None:
-    if stats.other_consumers:
-        stderr.print(
-            f"warning: {name!r} had {stats.other_consumers} other consumer(s) when the browse "
-            "started: the messages they hold unacked are not shown",
-            highlight=False,
-        )
-    if stats.missed:
-        stderr.print(
-            f"warning: {stats.missed} of the {stats.queue_count} message(s) in {name!r} at the "
-            "start were taken by another consumer during the browse and not shown",
-            highlight=False,
-        )
-    if not stats.settled:
-        stderr.print(
-            f"warning: the broker had not yet put back every browsed message of {name!r}; "
-            "a command run right now may see fewer",
-            highlight=False,
-        )
-
-
-def _progress(label: str) -> tuple[Progress, Any]:
-    progress = Progress(
-        TextColumn(label),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=not stderr.is_terminal,
-    )
-    task = progress.add_task(label, total=None)
-
-    def update(seen: int, total: int) -> None:
-        progress.update(task, completed=seen, total=total)
-
-    return progress, update
-
 
 @app.command("list")
+@filtered
 def list_cmd(
     ctx: typer.Context,
+    flt: ParkedFilter,
     queue: str | None = QUEUE_ARG,
     topology: Path | None = TOPOLOGY_OPT,
     work: str | None = WORK_OPT,
-    reason: list[str] = REASON_OPT,
-    error_type: str | None = ERROR_OPT,
-    origin: str | None = ORIGIN_OPT,
-    older_than: str | None = OLDER_OPT,
-    newer_than: str | None = NEWER_OPT,
-    header: list[str] = HEADER_OPT,
-    ids: list[str] = ID_OPT,
-    grep: str | None = GREP_OPT,
     limit: int | None = typer.Option(None, "--limit", min=1, help="Stop after N matches."),
     as_json: bool = typer.Option(False, "--json", help="NDJSON, one object per message."),
     redact: list[str] = REDACT_OPT,
@@ -162,7 +70,6 @@ def list_cmd(
     settings = settings_from(ctx)
     name, sensitive = _queue(queue, topology, work)
     keys = sensitive | {k.lower() for k in redact}
-    flt = _filter(reason, error_type, origin, older_than, newer_than, header, ids, grep)
     now = datetime.now(UTC)
     rows: list[ParkedMessage] = []
     out = sys.stdout
@@ -176,7 +83,7 @@ def list_cmd(
     progress, update = _progress("browsing")
     with progress:
         stats = run_async(list_parked(settings, name, flt, emit, limit=limit, progress=update))
-    _warn_browse(name, stats)
+    warn_browse(name, stats)
     if as_json:
         out.flush()
         return
@@ -259,19 +166,13 @@ def show_cmd(
 
 
 @app.command("stats")
+@filtered
 def stats_cmd(
     ctx: typer.Context,
+    flt: ParkedFilter,
     queue: str | None = QUEUE_ARG,
     topology: Path | None = TOPOLOGY_OPT,
     work: str | None = WORK_OPT,
-    reason: list[str] = REASON_OPT,
-    error_type: str | None = ERROR_OPT,
-    origin: str | None = ORIGIN_OPT,
-    older_than: str | None = OLDER_OPT,
-    newer_than: str | None = NEWER_OPT,
-    header: list[str] = HEADER_OPT,
-    ids: list[str] = ID_OPT,
-    grep: str | None = GREP_OPT,
     max_count: int | None = typer.Option(
         None, "--max-count", help="Check: critical (2) above N, warning (1) above 80% of N."
     ),
@@ -281,49 +182,44 @@ def stats_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Counts by reason, error type and origin; oldest age. With --max-count/--max-age it is a
-    monitoring check: exit 0 ok, 1 warning, 2 critical (Nagios plugin convention)."""
+    monitoring check: exit 0 ok, 1 warning, 2 critical (Nagios plugin convention). Messages
+    another consumer (a replay, an export) holds unacked cannot be read: they count toward
+    --max-count, and while any consumer is on the queue the check is at least a warning."""
     settings = settings_from(ctx)
     name, _ = _queue(queue, topology, work)
-    flt = _filter(reason, error_type, origin, older_than, newer_than, header, ids, grep)
     result = run_async(parking_stats(settings, name, flt))
-    age_limit = seconds_option(max_age, "--max-age")
-    status = 0
-    why: list[str] = []
-    if max_count is not None:
-        if result.matched > max_count:
-            status, why = 2, [*why, f"{result.matched} parked > {max_count}"]
-        elif result.matched > 0.8 * max_count:
-            status, why = max(status, 1), [*why, f"{result.matched} parked > 80% of {max_count}"]
-    if age_limit is not None and result.oldest_age_s is not None:
-        if result.oldest_age_s > age_limit:
-            status, why = 2, [*why, f"oldest {_age(result.oldest_age_s)} > {max_age}"]
-        elif result.oldest_age_s > 0.8 * age_limit:
-            status = max(status, 1)
-            why = [*why, f"oldest {_age(result.oldest_age_s)} > 80% of {max_age}"]
+    status, why = stats_verdict(result, max_count, max_age)
     if as_json:
         print(json.dumps({**result.as_dict(), "status": status, "why": why}, indent=2))
-    else:
-        stdout.print(
-            f"[bold]{name}[/bold]: {result.matched} message(s)"
-            + (f" of {result.total}" if result.matched != result.total else "")
-            + f", {result.bytes} bytes, oldest {_age(result.oldest_age_s)}"
-            + (f", parking {result.publish_rate:.2f}/s" if result.publish_rate else ""),
-            highlight=False,
-        )
-        for title, counts in (
-            ("reason", result.by_reason),
-            ("error type", result.by_error_type),
-            ("origin", result.by_origin),
-        ):
-            table = Table(title=f"by {title}", title_justify="left")
-            table.add_column(title)
-            table.add_column("count", justify="right")
-            for key, count in counts.most_common():
-                table.add_row(key, str(count))
-            stdout.print(table)
-        if max_count is not None or age_limit is not None:
-            label = ("OK", "WARNING", "CRITICAL")[status]
-            print(f"PARKING {label}: " + ("; ".join(why) if why else "within limits"))
+        raise typer.Exit(status)
+    held = (
+        f"; {result.held_by_others} more held unacked by {result.other_consumers} other "
+        "consumer(s), not inspected"
+        if result.other_consumers
+        else ""
+    )
+    stdout.print(
+        f"[bold]{name}[/bold]: {result.matched} message(s)"
+        + (f" of {result.total}" if result.matched != result.total else "")
+        + f", {result.bytes} bytes, oldest {_age(result.oldest_age_s)}"
+        + (f", parking {result.publish_rate:.2f}/s" if result.publish_rate else "")
+        + held,
+        highlight=False,
+    )
+    for title, counts in (
+        ("reason", result.by_reason),
+        ("error type", result.by_error_type),
+        ("origin", result.by_origin),
+    ):
+        table = Table(title=f"by {title}", title_justify="left")
+        table.add_column(title)
+        table.add_column("count", justify="right")
+        for key, count in counts.most_common():
+            table.add_row(key, str(count))
+        stdout.print(table)
+    if max_count is not None or max_age is not None:
+        label = ("OK", "WARNING", "CRITICAL")[status]
+        print(f"PARKING {label}: " + ("; ".join(why) if why else "within limits"))
     raise typer.Exit(status)
 
 
@@ -394,57 +290,62 @@ def replay_cmd(
 
 
 @app.command("purge")
+@filtered
 def purge_cmd(
     ctx: typer.Context,
+    flt: ParkedFilter,
     queue: str | None = QUEUE_ARG,
     topology: Path | None = TOPOLOGY_OPT,
     work: str | None = WORK_OPT,
-    reason: list[str] = REASON_OPT,
-    error_type: str | None = ERROR_OPT,
-    origin: str | None = ORIGIN_OPT,
-    older_than: str | None = OLDER_OPT,
-    newer_than: str | None = NEWER_OPT,
-    header: list[str] = HEADER_OPT,
-    ids: list[str] = ID_OPT,
-    grep: str | None = GREP_OPT,
+    ids_from: Path | None = typer.Option(
+        None,
+        "--ids-from",
+        help="Only these message_ids: a `list --json` output or one id a line ('-': stdin).",
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Purge at most N."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would be purged."),
 ) -> None:
-    """Delete parked messages: all, or those matching the filters. Asks first unless --yes."""
+    """Delete parked messages: all, or those matching the filters. Asks first unless --yes,
+    and then deletes only the messages it counted: ones parked while it asked stay."""
     settings = settings_from(ctx)
     name, _ = _queue(queue, topology, work)
-    flt = _filter(reason, error_type, origin, older_than, newer_than, header, ids, grep)
+    if ids_from is not None:
+        flt = dataclasses.replace(flt, ids=flt.ids | read_ids(ids_from))
     if dry_run or not yes:
-        count = run_async(purge_parked(settings, name, flt, dry_run=True))
+        counted = run_async(purge_parked(settings, name, flt, dry_run=True, limit=limit))
         if dry_run:
-            print(f"would purge {count} message(s) from {name}")
+            print(f"would purge {counted.count} message(s) from {name}")
             return
-        if count == 0:
+        if counted.count == 0:
             print(f"nothing to purge in {name}")
             return
         if not sys.stdin.isatty():
             raise UsageError("purge needs --yes when not run from a terminal")
-        if not typer.confirm(f"Purge {count} message(s) from {name}?", err=True):
+        if not typer.confirm(f"Purge {counted.count} message(s) from {name}?", err=True):
             raise typer.Exit(ExitCode.OK)
-    purged = run_async(purge_parked(settings, name, flt))
-    print(f"purged {purged} message(s) from {name}")
+        purged = run_async(purge_parked(settings, name, flt, only=counted.identities))
+        gone = counted.count - purged.count
+        print(
+            f"purged {purged.count} message(s) from {name}"
+            + (f" ({gone} of those counted were no longer there)" if gone else "")
+        )
+        return
+    purged = run_async(purge_parked(settings, name, flt, limit=limit))
+    print(f"purged {purged.count} message(s) from {name}")
 
 
 @app.command("export")
+@filtered
 def export_cmd(
     ctx: typer.Context,
+    flt: ParkedFilter,
     queue: str | None = QUEUE_ARG,
     topology: Path | None = TOPOLOGY_OPT,
     work: str | None = WORK_OPT,
-    reason: list[str] = REASON_OPT,
-    error_type: str | None = ERROR_OPT,
-    origin: str | None = ORIGIN_OPT,
-    older_than: str | None = OLDER_OPT,
-    newer_than: str | None = NEWER_OPT,
-    header: list[str] = HEADER_OPT,
-    ids: list[str] = ID_OPT,
-    grep: str | None = GREP_OPT,
     output: Path | None = typer.Option(None, "--output", "-o", help="Write to FILE, not stdout."),
+    force: bool = typer.Option(False, "--force", help="Replace FILE if it exists."),
+    append: bool = typer.Option(False, "--append", help="Add to the end of FILE."),
     remove: bool = typer.Option(
         False,
         "--remove",
@@ -452,23 +353,27 @@ def export_cmd(
     ),
 ) -> None:
     """Write parked messages as NDJSON that round-trips exactly (docs/export-format.md).
-    The queue keeps them unless --remove."""
+    The queue keeps them unless --remove. An existing FILE is refused unless --force or
+    --append; FILE appears only when complete (with --remove: before the first removal).
+    A write error (disk full): exit 74, the file holds exactly the removed messages."""
     settings = settings_from(ctx)
     name, _ = _queue(queue, topology, work)
-    flt = _filter(reason, error_type, origin, older_than, newer_than, header, ids, grep)
-    if remove and output is None:
-        raise UsageError("--remove needs --output FILE: messages are removed once on disk")
+    mode = output_mode(force=force, append=append)
+    if output is None and (remove or force or append):
+        raise UsageError("--remove, --force and --append need --output FILE")
     progress, update = _progress("exporting")
     if output is None:
         with progress:
             report = run_async(export_parked(settings, name, flt, sys.stdout, progress=update))
     else:
-        with output.open("w", encoding="utf-8") as handle, progress:
+        check_output(output, mode)  # before touching the queue
+        with SafeOutput(output, mode) as sink, progress:
             report = run_async(
-                export_parked(settings, name, flt, handle, remove=remove, progress=update)
+                export_parked(settings, name, flt, sink, remove=remove, progress=update)
             )
     stderr.print(
         f"exported {report.written} message(s) from {name}"
+        + (f" to {output}" if output is not None else "")
         + (f", removed {report.removed}" if remove else "; the queue keeps them"),
         highlight=False,
     )
@@ -479,21 +384,47 @@ def import_cmd(
     ctx: typer.Context,
     file: Path = typer.Argument(..., help="NDJSON written by `rmqkit parking export`."),
     queue: str = typer.Argument(..., help="Queue to publish into (default exchange)."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Skip the records an earlier import confirmed (its journal)."
+    ),
+    again: bool = typer.Option(
+        False, "--again", help="Publish every record, even ones imported before (duplicates)."
+    ),
 ) -> None:
-    """Publish an export file into QUEUE with confirms. The whole file is checked first
-    (a bad line: exit 65, nothing published); exit 3 if some were not confirmed."""
+    """Publish an export file into QUEUE with confirms. The whole file is checked first,
+    property values included (a bad line: exit 65 naming it, nothing published); exit 3 if
+    some were not confirmed. Each confirmed record goes into a journal beside FILE, so an
+    import that stopped is continued with --resume, without duplicates."""
     settings = settings_from(ctx)
+    if resume and again:
+        raise UsageError("give --resume or --again, not both")
     records = read_export(file)
+    journal = ImportJournal(file, settings.vhost, queue)
     progress, update = _progress("importing")
     with progress:
-        report = run_async(import_records(settings, records, queue, progress=update))
+        report = run_async(
+            import_records(
+                settings,
+                records,
+                queue,
+                journal=journal,
+                resume=resume,
+                again=again,
+                source=str(file),
+                progress=update,
+            )
+        )
     stderr.print(
         f"imported {report.published} of {report.records} message(s) into {queue}"
+        + (f" ({report.skipped} imported before, skipped)" if report.skipped else "")
         + (f"; returned {report.returned}, nacked {report.nacked}" if report.partial else ""),
         highlight=False,
     )
+    for problem, n in report.problems.items():
+        stderr.print(f"  {n} x {problem}", highlight=False)
     if report.partial:
+        missing = report.records - report.published - report.skipped
         raise PartialSuccess(
-            f"{report.records - report.published} message(s) were not confirmed — "
-            "run the import again for them (duplicates are identifiable by message_id)"
+            f"{missing} message(s) were not confirmed — fix the cause and run the same import "
+            f"with --resume (the journal {journal.path} says what is in {queue} already)"
         )

@@ -12,7 +12,8 @@ import typer
 from rmqkit.broker.amqp import connection, parse_version, server_version
 from rmqkit.cli.common import run_async, settings_from
 from rmqkit.cli.render import plan_dict, print_json, print_plan, stderr, stdout, summary_line
-from rmqkit.errors import ConfigError, ExitCode, RmqkitError
+from rmqkit.errors import ConfigError, ExitCode, RmqkitError, UsageError
+from rmqkit.fileout import check_output, output_mode, write_file
 from rmqkit.topology import declare_topology, export_definitions, load_topology, plan_topology
 
 FILE_ARG = typer.Argument(..., help="Topology file (TOML), e.g. topologies/orders.toml.")
@@ -108,9 +109,17 @@ def export(
         help="Target RabbitMQ version, e.g. 3.13 or 4.1 (default: asked from the broker).",
     ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write to a file."),
+    force: bool = typer.Option(False, "--force", help="Replace the --output file if it exists."),
 ) -> None:
-    """Print FILE as RabbitMQ definitions JSON for `rabbitmqctl import_definitions`."""
+    """Print FILE as RabbitMQ definitions JSON for `rabbitmqctl import_definitions`.
+    With --output an existing file is refused unless --force; the file appears complete or
+    not at all (exit 74 if it cannot be written)."""
     settings = settings_from(ctx)
+    mode = output_mode(force=force, append=False)
+    if output is not None:
+        check_output(output, mode)  # before asking the broker anything
+    elif force:
+        raise UsageError("--force needs --output FILE")
     topology = load_topology(file)
     if broker_version is not None:
         version = parse_version(broker_version)
@@ -123,7 +132,7 @@ def export(
     if output is None:
         print(text, end="")
     else:
-        output.write_text(text, encoding="utf-8")
+        write_file(output, text, mode)
         stderr.print(f"wrote {output}", highlight=False)
 
 

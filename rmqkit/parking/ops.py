@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +23,7 @@ from rmqkit.parking.browse import (
     check_browsable,
 )
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
+from rmqkit.parking.records import message_to_record
 from rmqkit.settings import Settings
 
 Progress = Callable[[int, int], None]  # (seen, total at start)
@@ -123,6 +126,11 @@ class ParkingStats:
     oldest_age_s: float | None = None
     publish_rate: float | None = None  # messages/s parked recently (management API rates)
     deliver_rate: float | None = None
+    # Messages other consumers (a replay, an export, another browse) held unacked when the
+    # browse started: the broker does not deliver them to us, so they are counted from the
+    # management API (which lags by up to its stats interval, ~5 s), not inspected.
+    other_consumers: int = 0
+    held_by_others: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -135,11 +143,16 @@ class ParkingStats:
             "by_origin": dict(self.by_origin.most_common()),
             "oldest_age_s": self.oldest_age_s,
             "publish_rate": self.publish_rate,
+            "other_consumers": self.other_consumers,
+            "held_by_others": self.held_by_others,
         }
 
 
 async def parking_stats(settings: Settings, queue: str, flt: ParkedFilter) -> ParkingStats:
-    """Counts by reason, error type and origin, oldest age, and growth when rates are known."""
+    """Counts by reason, error type and origin, oldest age, and growth when rates are known.
+
+    Messages held unacked by other consumers cannot be read; ``held_by_others`` counts them.
+    """
     result = ParkingStats(queue)
     now = datetime.now(UTC)
     async with parking_session(settings, queue) as session:
@@ -158,27 +171,80 @@ async def parking_stats(settings: Settings, queue: str, flt: ParkedFilter) -> Pa
                 result.oldest_age_s = age
             return Verdict.KEEP
 
-        await browse(session.raw, queue, visit)
+        browsed = await browse(session.raw, queue, visit)
+        # The management API's view was read before our browse: its unacked ones are others'.
+        result.other_consumers = browsed.other_consumers
+        unacked = session.info.get("messages_unacknowledged")
+        if browsed.other_consumers and isinstance(unacked, int):
+            result.held_by_others = unacked
         details = (session.info.get("message_stats") or {}).get("publish_details") or {}
         rate = details.get("rate")
         result.publish_rate = float(rate) if isinstance(rate, int | float) else None
     return result
 
 
+_BROKER_COUNTERS = ("x-delivery-count", "x-acquired-count")  # change with every browse
+
+
+def message_identity(message: ParkedMessage) -> str:
+    """A digest of everything a parked message carries except what browsing changes.
+
+    Two browses of the same message give the same identity; a message parked later differs
+    (its own message_id, body, or failure headers) unless it is an exact copy.
+    """
+    record = message_to_record(message.properties, message.body, delivery_info={}, strict=False)
+    headers = record["properties"].get("headers")
+    if isinstance(headers, dict):
+        for key in _BROKER_COUNTERS:
+            headers.pop(key, None)
+    canonical = json.dumps(record, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+@dataclass
+class PurgeResult:
+    """What a purge removed (or, dry, would remove)."""
+
+    count: int = 0
+    identities: Counter[str] = field(default_factory=Counter)  # of those: ``only`` for a purge
+
+
 async def purge_parked(
-    settings: Settings, queue: str, flt: ParkedFilter, *, dry_run: bool = False
-) -> int:
-    """Remove matching parked messages (all when the filter is empty); returns how many."""
+    settings: Settings,
+    queue: str,
+    flt: ParkedFilter,
+    *,
+    dry_run: bool = False,
+    limit: int | None = None,
+    only: Counter[str] | None = None,
+) -> PurgeResult:
+    """Remove matching parked messages (all when the filter is empty), at most ``limit``.
+
+    ``only`` (the ``identities`` of an earlier dry run) restricts the purge to exactly the
+    messages that run counted, however many were parked since: what an operator confirmed.
+    """
     now = datetime.now(UTC)
-    count = 0
+    result = PurgeResult()
+    remaining = Counter(only) if only is not None else None
     async with parking_session(settings, queue) as session:
 
         async def visit(message: ParkedMessage) -> Verdict:
-            nonlocal count
+            if limit is not None and result.count >= limit:
+                return Verdict.STOP
+            if remaining is not None and remaining.total() <= 0:
+                return Verdict.STOP
             if not flt.matches(message, now):
                 return Verdict.KEEP
-            count += 1
-            return Verdict.KEEP if dry_run else Verdict.TAKE
+            identity = message_identity(message) if dry_run or remaining is not None else ""
+            if remaining is not None:
+                if remaining[identity] <= 0:
+                    return Verdict.KEEP  # parked after the count: not what was confirmed
+                remaining[identity] -= 1
+            result.count += 1
+            if dry_run:
+                result.identities[identity] += 1
+                return Verdict.KEEP
+            return Verdict.TAKE
 
         await browse(session.raw, queue, visit)
-    return count
+    return result

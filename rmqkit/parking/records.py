@@ -15,6 +15,7 @@ import binascii
 import contextlib
 import json
 import math
+import re
 import struct
 import time
 from collections.abc import Mapping
@@ -384,10 +385,15 @@ def _properties_from_json(obj: object) -> TypedProperties:
                 raise _fail(path, "string is not valid Unicode (lone surrogate)") from None
             if size > 255:
                 raise _fail(path, f"{size} bytes; a short string holds at most 255")
+            if prop.name == "expiration":
+                _check_expiration(value, path)
             values[prop.attr] = value
         elif prop.kind == _OCTET:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
                 raise _fail(path, f"expected an integer 0..255, not {value!r}")
+            if prop.name == "delivery_mode" and value not in (1, 2):
+                # RabbitMQ closes the channel: PRECONDITION_FAILED {delivery_mode_unknown,…}
+                raise _fail(path, f"RabbitMQ accepts 1 (transient) or 2 (persistent), not {value}")
             values[prop.attr] = value
         elif prop.kind == _TIMESTAMP:
             if isinstance(value, bool) or not isinstance(value, int):
@@ -401,6 +407,18 @@ def _properties_from_json(obj: object) -> TypedProperties:
                 raise _fail(path, "expected an object of tagged values")
             values[prop.attr] = _table_from_json(value, path, 0)
     return TypedProperties(**values)
+
+
+_EXPIRATION = re.compile(r"[+-]?[0-9]+")
+MAX_EXPIRATION_MS: Final = 315_360_000_000  # ten years: RabbitMQ's largest (3.10.8, measured)
+
+
+def _check_expiration(value: str, path: str) -> None:
+    """What RabbitMQ accepts (else PRECONDITION_FAILED "invalid expiration", channel closed)."""
+    if not _EXPIRATION.fullmatch(value):
+        raise _fail(path, f"RabbitMQ wants milliseconds as a decimal integer, not {value!r}")
+    if not 0 <= int(value) <= MAX_EXPIRATION_MS:
+        raise _fail(path, f"{value} ms is outside what RabbitMQ accepts (0..{MAX_EXPIRATION_MS})")
 
 
 def record_to_message(record: Mapping[str, Any]) -> tuple[TypedProperties, bytes]:

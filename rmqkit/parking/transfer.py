@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import unquote, urlsplit
 
 import aiormq
 
 from rmqkit.broker.amqp import connect
 from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
-from rmqkit.errors import DataError
+from rmqkit.errors import DataError, UsageError
+from rmqkit.fileout import OutputError, SafeOutput
 from rmqkit.parking.browse import Verdict, browse
+from rmqkit.parking.journal import ImportJournal, record_digest
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
-from rmqkit.parking.ops import PUBLISH_WINDOW, Progress, parking_session
+from rmqkit.parking.ops import PUBLISH_WINDOW, Progress, parking_session, ready_count
 from rmqkit.parking.records import dumps_record, loads_record, message_to_record, record_to_message
 from rmqkit.settings import Settings
 
@@ -26,7 +30,7 @@ FSYNC_EVERY = 1000  # with --remove: messages written between an fsync and their
 
 @dataclass
 class ExportReport:
-    written: int = 0
+    written: int = 0  # lines in the output (with remove: each one durable, its message acked)
     removed: int = 0
 
 
@@ -34,29 +38,57 @@ async def export_parked(
     settings: Settings,
     queue: str,
     flt: ParkedFilter,
-    out: TextIO,
+    out: TextIO | SafeOutput,
     *,
     remove: bool = False,
     progress: Progress | None = None,
 ) -> ExportReport:
     """Write matching messages to ``out`` as NDJSON; the queue keeps them unless ``remove``.
 
-    With ``remove`` a message is acked only after its line was written, flushed and fsynced
-    (``out`` must then be a real file).
+    With ``remove`` (``out`` must then be a ``SafeOutput``) a message is acked only after its
+    line was written, fsynced and the file put under its name. A write error stops the export
+    at once (OutputError, exit 74): the file then holds exactly the removed messages, one
+    complete line each, and every other message stays parked.
     """
+    if remove and not isinstance(out, SafeOutput):
+        raise TypeError("export_parked(remove=True) needs a SafeOutput")
     report = ExportReport()
     now = datetime.now(UTC)
     batch: list[asyncio.Future[bool]] = []
     loop = asyncio.get_running_loop()
     seen = 0
+    failure: list[OutputError] = []
+
+    def settle_batch(ok: bool) -> None:
+        for future in batch:
+            future.set_result(ok)
+        if ok:
+            report.removed += len(batch)
+        batch.clear()
 
     def sync_to_disk() -> None:
-        out.flush()
-        os.fsync(out.fileno())
-        for future in batch:
-            future.set_result(True)
-        report.removed += len(batch)
-        batch.clear()
+        """fsync what was written, then let the browse ack it; on an error, ack nothing more."""
+        try:
+            if isinstance(out, SafeOutput):
+                out.sync(publish=True)
+            else:
+                out.flush()
+        except OutputError as exc:
+            failure.append(exc)
+        except OSError as exc:  # stdout (a pipe, or a redirect to a full disk)
+            failure.append(OutputError(f"writing the export failed: {exc.strerror or exc}"))
+        settle_batch(not failure)
+
+    def write(line: str) -> bool:
+        try:
+            out.write(line)
+        except OutputError as exc:
+            failure.append(exc)
+        except OSError as exc:
+            failure.append(OutputError(f"writing the export failed: {exc.strerror or exc}"))
+        if failure:
+            settle_batch(False)
+        return not failure
 
     async with parking_session(settings, queue) as session:
         total = 0
@@ -66,12 +98,15 @@ async def export_parked(
             seen += 1
             if progress is not None:
                 progress(seen, total)
+            if failure:
+                return Verdict.STOP
             if not flt.matches(message, now):
                 return Verdict.KEEP
             record = message_to_record(
                 message.properties, message.body, delivery_info={"queue": queue}
             )
-            out.write(dumps_record(record) + "\n")
+            if not write(dumps_record(record) + "\n"):
+                return Verdict.STOP
             report.written += 1
             if not remove:
                 return Verdict.KEEP
@@ -82,15 +117,24 @@ async def export_parked(
             return future
 
         async def settle() -> None:
-            if batch:
+            # Called by the browse before it acks or returns anything: never raises, or the
+            # acks of lines already durable would not be sent.
+            if failure:
+                return
+            # stdout is flushed now; a SafeOutput without remove is committed by the caller
+            if (remove and batch) or not isinstance(out, SafeOutput):
                 sync_to_disk()
-            out.flush()
 
-        channel = await session.raw.channel()
-        declared = await channel.queue_declare(queue, passive=True)
-        total = int(declared.message_count or 0)
-        await channel.close()
+        total = await ready_count(session)
         await browse(session.raw, queue, visit, settle=settle)
+    if failure:
+        if remove:
+            report.written = report.removed
+            raise OutputError(
+                f"{failure[0]} — {report.removed} message(s) were exported and removed before "
+                "it (each a complete line in the file); every other message stays parked"
+            )
+        raise OutputError(f"{failure[0]} — the export is incomplete; the queue keeps every message")
     return report
 
 
@@ -98,24 +142,36 @@ async def export_parked(
 class ImportReport:
     records: int = 0
     published: int = 0
+    skipped: int = 0  # confirmed by an earlier run, per the journal (--resume)
     returned: int = 0
     nacked: int = 0
     problems: Counter[str] = field(default_factory=Counter)
+    journal: Path | None = None
 
     @property
     def partial(self) -> bool:
-        return self.published < self.records
+        return self.published + self.skipped < self.records
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "records": self.records,
             "published": self.published,
+            "skipped": self.skipped,
             "returned": self.returned,
             "nacked": self.nacked,
+            "journal": None if self.journal is None else str(self.journal),
         }
 
 
-def read_export(path: Path) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ExportLine:
+    """One record of an export file and the line it is on."""
+
+    number: int
+    record: dict[str, Any]
+
+
+def read_export(path: Path) -> list[ExportLine]:
     """Every record of an export file, validated before anything is published (exit 65)."""
     try:
         handle = path.open(encoding="utf-8")
@@ -123,21 +179,66 @@ def read_export(path: Path) -> list[dict[str, Any]]:
         raise DataError(f"{path}: cannot be read: {exc}") from None
     with handle:
         return [
-            loads_record(line, number, source=str(path))
+            ExportLine(number, loads_record(line, number, source=str(path)))
             for number, line in enumerate(handle, start=1)
             if line.strip()
         ]
 
 
+def _login_user(settings: Settings) -> str | None:
+    username = urlsplit(settings.amqp_urls[0]).username
+    return None if username is None else unquote(username)
+
+
+def check_publishable(lines: Sequence[ExportLine], user: str | None, source: str) -> None:
+    """Refuse (exit 65, file:line) what the broker would refuse by closing the channel and
+    that a record cannot know alone: a ``user_id`` other than the importing user's."""
+    if user is None:  # no user in the URL (EXTERNAL auth): the broker decides
+        return
+    for line in lines:
+        user_id = line.record.get("properties", {}).get("user_id")
+        if user_id is not None and user_id != user:
+            raise DataError(
+                f"{source}:{line.number}: properties.user_id {user_id!r} is not the importing "
+                f"user {user!r}: RabbitMQ refuses it (only a user tagged impersonator may "
+                "publish it) — remove the field, or import as that user"
+            )
+
+
 async def import_records(
     settings: Settings,
-    records: list[dict[str, Any]],
+    records: Sequence[ExportLine | Mapping[str, Any]],
     queue: str,
     *,
+    journal: ImportJournal | None = None,
+    resume: bool = False,
+    again: bool = False,
+    source: str = "records",
     progress: Progress | None = None,
 ) -> ImportReport:
-    """Publish ``records`` to ``queue`` (default exchange), confirmed and mandatory."""
-    report = ImportReport(records=len(records))
+    """Publish ``records`` to ``queue`` (default exchange), confirmed and mandatory.
+
+    With a ``journal`` each confirmed record is recorded; a journal from an earlier run is
+    refused unless ``resume`` (skip what it holds) or ``again`` (publish everything anew).
+    """
+    lines = [
+        r if isinstance(r, ExportLine) else ExportLine(i, dict(r))
+        for i, r in enumerate(records, start=1)
+    ]
+    check_publishable(lines, _login_user(settings), source)
+    report = ImportReport(records=len(lines))
+    skip: Counter[str] = Counter()
+    if journal is not None:
+        report.journal = journal.path
+        done_before = journal.confirmed()
+        if done_before.total() and not (resume or again):
+            raise UsageError(
+                f"{source} was imported into {queue!r} before: {done_before.total()} of "
+                f"{len(lines)} record(s) confirmed (journal {journal.path}) — --resume to "
+                "publish only the others, --again to publish every record again (duplicates)"
+            )
+        if resume:
+            skip = done_before
     conn = await connect(settings, name=f"rmqkit import {queue}")
     try:
         raw: aiormq.abc.AbstractConnection = conn.transport.connection  # type: ignore[union-attr]
@@ -147,47 +248,106 @@ async def import_records(
         except aiormq.exceptions.ChannelNotFoundEntity:
             raise DataError(f"queue {queue!r} does not exist — declare it first") from None
         await probe.close()
-        channel = await raw.channel(publisher_confirms=True)
-        publisher = ConfirmedPublisher(channel, window=PUBLISH_WINDOW)
-        done = 0
-
-        def count(settled: asyncio.Future[Outcome]) -> None:
-            nonlocal done
-            done += 1
-            if progress is not None:
-                progress(done, report.records)
-            outcome = outcome_of(settled)
-            if isinstance(outcome, str):
-                report.nacked += 1
-                report.problems[f"publish failed: {outcome}"] += 1
-            elif outcome is Outcome.CONFIRMED:
-                report.published += 1
-            elif outcome is Outcome.NACKED:
-                report.nacked += 1
-                report.problems["nacked by the broker (queue full?)"] += 1
-            else:
-                report.returned += 1
-                report.problems["returned: unroutable"] += 1
-
-        futures = []
+        if journal is not None:
+            journal.start(fresh=again)
         try:
-            for index, record in enumerate(records):
-                properties, body = record_to_message(record)
-                try:
-                    settled = await publisher.publish(
-                        body, exchange="", routing_key=queue, properties=properties
-                    )
-                except Exception as exc:  # the channel is gone: the rest cannot be sent
-                    unsent = report.records - index
-                    report.nacked += unsent
-                    report.problems[f"publish failed: {type(exc).__name__}"] += unsent
-                    break
-                settled.add_done_callback(count)
-                futures.append(settled)
-            await asyncio.gather(*futures, return_exceptions=True)
+            await _publish_lines(raw, lines, queue, report, skip, journal, progress)
         finally:
-            await publisher.close()
-        await channel.close()
+            if journal is not None:
+                journal.close()
     finally:
         await conn.close()
     return report
+
+
+async def _publish_lines(
+    raw: aiormq.abc.AbstractConnection,
+    lines: list[ExportLine],
+    queue: str,
+    report: ImportReport,
+    skip: Counter[str],
+    journal: ImportJournal | None,
+    progress: Progress | None,
+) -> None:
+    channel = await raw.channel(publisher_confirms=True)
+    publisher = ConfirmedPublisher(channel, window=PUBLISH_WINDOW)
+    done = 0
+    journal_error: list[OSError] = []
+    unjournaled = 0
+    add_failed = False
+
+    def count(slot: int, digest: str, settled: asyncio.Future[Outcome]) -> None:
+        nonlocal done, unjournaled, add_failed
+        done += 1
+        if progress is not None:
+            progress(done, report.records)
+        outcome = outcome_of(settled)
+        if isinstance(outcome, str):
+            report.nacked += 1
+            report.problems[f"publish failed: {outcome}"] += 1
+        elif outcome is Outcome.CONFIRMED:
+            report.published += 1
+            if journal is not None and not add_failed:
+                try:
+                    journal.add(slot, digest)  # into its reserved line: needs no new space
+                except OSError as exc:
+                    journal_error.append(exc)
+                    add_failed = True
+            if add_failed:
+                unjournaled += 1
+        elif outcome is Outcome.NACKED:
+            report.nacked += 1
+            report.problems["nacked by the broker (queue full?)"] += 1
+        else:
+            report.returned += 1
+            report.problems["returned: unroutable"] += 1
+
+    futures = []
+    unsent = 0
+    try:
+        for index, line in enumerate(lines):
+            digest = record_digest(line.record)
+            if skip[digest] > 0:
+                skip[digest] -= 1
+                report.skipped += 1
+                continue
+            slot = 0
+            if journal is not None and not journal_error:
+                try:
+                    slot = journal.reserve()
+                except OSError as exc:
+                    journal_error.append(exc)
+            if journal_error:  # a confirm could not be recorded: stop publishing
+                unsent = len(lines) - index
+                report.problems["not published: the journal could not be written"] += unsent
+                break
+            properties, body = record_to_message(line.record)
+            try:
+                settled = await publisher.publish(
+                    body, exchange="", routing_key=queue, properties=properties
+                )
+            except Exception as exc:  # the channel is gone: the rest cannot be sent
+                unsent = len(lines) - index
+                report.nacked += unsent
+                report.problems[f"line {line.number} and after not published: {exc}"] += unsent
+                break
+            settled.add_done_callback(functools.partial(count, slot, digest))
+            futures.append(settled)
+        await asyncio.gather(*futures, return_exceptions=True)
+    finally:
+        await publisher.close()
+    if not channel.is_closed:
+        await channel.close()
+    if journal_error and journal is not None:
+        raise OutputError(
+            f"writing the import journal {journal.path} failed: "
+            f"{journal_error[0].strerror or journal_error[0]} — {report.published} record(s) "
+            f"confirmed in {queue!r}"
+            + (
+                f", {unjournaled} of them not in the journal (a --resume would publish those "
+                "again: duplicates, never loss)"
+                if unjournaled
+                else ""
+            )
+            + f"; {unsent} not published: free space, then run the import with --resume"
+        )

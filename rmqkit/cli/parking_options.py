@@ -1,0 +1,224 @@
+"""Options and helpers shared by the `rmqkit parking` commands (rmqkit/cli/parking.py)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rmqkit.cli.common import seconds_option
+from rmqkit.cli.render import stderr
+from rmqkit.errors import DataError, UsageError
+from rmqkit.parking.browse import BrowseStats
+from rmqkit.parking.model import ParkedFilter
+from rmqkit.parking.ops import ParkingStats
+from rmqkit.topology import load_topology
+
+QUEUE_ARG = typer.Argument(None, help="Parking queue (or use --topology FILE --queue WORK).")
+TOPOLOGY_OPT = typer.Option(None, "--topology", "-t", help="Topology file naming the queue.")
+WORK_OPT = typer.Option(None, "--queue", "-q", help="Work queue whose parking queue to use.")
+REASON_OPT = typer.Option([], "--reason", help="permanent, exhausted, undecodable, … (repeatable)")
+ERROR_OPT = typer.Option(None, "--error-type", help="Error type glob, e.g. 'myapp.*Error'.")
+ORIGIN_OPT = typer.Option(None, "--origin", help="Origin (work) queue.")
+OLDER_OPT = typer.Option(None, "--older-than", help="Last failure older than, e.g. 1h.")
+NEWER_OPT = typer.Option(None, "--newer-than", help="Last failure newer than, e.g. 10m.")
+HEADER_OPT = typer.Option([], "--header", help="Header equals value: K=V (repeatable).")
+ID_OPT = typer.Option([], "--id", help="message_id (repeatable).")
+GREP_OPT = typer.Option(None, "--grep", help="Body contains this text.")
+REDACT_OPT = typer.Option(
+    [], "--redact", help="Mask this field in bodies and headers (repeatable; case-insensitive)."
+)
+
+
+def parking_queue(
+    name: str | None, topology: Path | None, work: str | None
+) -> tuple[str, frozenset[str]]:
+    """The parking queue name and the sensitive fields the topology declares for it."""
+    if name and (topology or work):
+        raise UsageError("give either a parking queue name or --topology FILE --queue WORK")
+    if name:
+        return name, frozenset()
+    if topology is None or work is None:
+        raise UsageError("name the parking queue, or give --topology FILE --queue WORK")
+    spec = load_topology(topology)
+    if work not in spec.model.queues:
+        raise UsageError(f"{topology} has no work queue {work!r}")
+    return spec.parking_name(work), frozenset(
+        f.lower() for f in spec.model.queues[work].sensitive_fields
+    )
+
+
+def parked_filter(
+    reason: list[str],
+    error_type: str | None,
+    origin: str | None,
+    older_than: str | None,
+    newer_than: str | None,
+    header: list[str],
+    ids: list[str],
+    grep: str | None,
+) -> ParkedFilter:
+    pairs = []
+    for item in header:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--header wants K=V, got {item!r}")
+        pairs.append((key, value))
+    return ParkedFilter(
+        reasons=frozenset(reason),
+        error_type=error_type,
+        origin=origin,
+        older_than_s=seconds_option(older_than, "--older-than"),
+        newer_than_s=seconds_option(newer_than, "--newer-than"),
+        headers=tuple(pairs),
+        ids=frozenset(ids),
+        grep=grep.encode() if grep else None,
+    )
+
+
+_FILTER_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("reason", list[str], REASON_OPT),
+    ("error_type", str | None, ERROR_OPT),
+    ("origin", str | None, ORIGIN_OPT),
+    ("older_than", str | None, OLDER_OPT),
+    ("newer_than", str | None, NEWER_OPT),
+    ("header", list[str], HEADER_OPT),
+    ("ids", list[str], ID_OPT),
+    ("grep", str | None, GREP_OPT),
+)
+
+
+def filtered(command: Callable[..., None]) -> Callable[..., None]:
+    """Give ``command`` the shared filter options; it receives them as one ``flt``."""
+    hints = get_type_hints(command)
+    own = [
+        p.replace(annotation=hints[p.name])
+        for p in inspect.signature(command).parameters.values()
+        if p.name != "flt"
+    ]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+        for name, kind, option in _FILTER_OPTIONS
+    ]
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name, _, _ in _FILTER_OPTIONS}
+        command(*args, flt=parked_filter(**values), **kwargs)
+
+    run.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in own + extra}
+    return run
+
+
+def age_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def warn_browse(name: str, stats: BrowseStats) -> None:
+    if stats.other_consumers:
+        stderr.print(
+            f"warning: {name!r} had {stats.other_consumers} other consumer(s) when the browse "
+            "started: the messages they hold unacked are not shown",
+            highlight=False,
+        )
+    if stats.missed:
+        stderr.print(
+            f"warning: {stats.missed} of the {stats.queue_count} message(s) in {name!r} at the "
+            "start were taken by another consumer during the browse and not shown",
+            highlight=False,
+        )
+    if not stats.settled:
+        stderr.print(
+            f"warning: the broker had not yet put back every browsed message of {name!r}; "
+            "a command run right now may see fewer",
+            highlight=False,
+        )
+
+
+def progress_bar(label: str) -> tuple[Progress, Any]:
+    progress = Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    )
+    task = progress.add_task(label, total=None)
+
+    def update(seen: int, total: int) -> None:
+        progress.update(task, completed=seen, total=total)
+
+    return progress, update
+
+
+def stats_verdict(
+    result: ParkingStats, max_count: int | None, max_age: str | None
+) -> tuple[int, list[str]]:
+    """The monitoring verdict (0/1/2) and why; held messages count, unseen ones warn."""
+    age_limit = seconds_option(max_age, "--max-age")
+    status = 0
+    why: list[str] = []
+    if max_count is None and age_limit is None:
+        return status, why
+    counted = result.matched + result.held_by_others
+    if max_count is not None:
+        if counted > max_count:
+            status, why = 2, [*why, f"{counted} parked > {max_count}"]
+        elif counted > 0.8 * max_count:
+            status, why = max(status, 1), [*why, f"{counted} parked > 80% of {max_count}"]
+    if age_limit is not None and result.oldest_age_s is not None:
+        if result.oldest_age_s > age_limit:
+            status, why = 2, [*why, f"oldest {age_text(result.oldest_age_s)} > {max_age}"]
+        elif result.oldest_age_s > 0.8 * age_limit:
+            status = max(status, 1)
+            why = [*why, f"oldest {age_text(result.oldest_age_s)} > 80% of {max_age}"]
+    if result.other_consumers:
+        status = max(status, 1)
+        why = [
+            *why,
+            f"{result.other_consumers} other consumer(s) hold {result.held_by_others} "
+            "message(s) unacked (per the management API, which lags ~5 s): not inspected",
+        ]
+    return status, why
+
+
+def read_ids(path: Path) -> frozenset[str]:
+    """message_ids from a `list --json` output (or an export) or one id a line; exit 65 if
+    a line names none: an empty id set would select every message."""
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot be read: {exc}") from None
+    ids: set[str] = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        found: object = line
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc})") from None
+            found = obj.get("message_id") or (obj.get("properties") or {}).get("message_id")
+        if not isinstance(found, str) or not found:
+            raise DataError(f"{path}:{number}: no message_id (id-less messages cannot be named)")
+        ids.add(found)
+    if not ids:
+        raise DataError(f"{path}: no message_id in it — nothing would be selected")
+    return frozenset(ids)
