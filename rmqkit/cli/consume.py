@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -13,11 +14,12 @@ from rmqkit.consumer.config import (
     ConsumerConfig,
     ConsumerFlags,
     build_config,
-    policy_from_broker,
     policy_from_topology,
 )
 from rmqkit.consumer.handler import load_handler
 from rmqkit.consumer.supervisor import run_supervised
+from rmqkit.consumer.wiring import check_wiring, policy_from_snapshot, read_wiring
+from rmqkit.errors import AccessRefused, BrokerUnavailable
 from rmqkit.settings import Settings
 from rmqkit.topology import load_topology
 from rmqkit.topology.model import Topology
@@ -68,7 +70,10 @@ def consume(
     log_format: LogFormat = typer.Option(LogFormat.text, "--log-format"),
 ) -> None:
     """Consume QUEUE with HANDLER under supervision: manual acks, retries through the wait
-    queues, poison and exhausted messages to parking. SIGTERM stops gracefully (exit 0)."""
+    queues, poison and exhausted messages to parking. SIGTERM stops gracefully (exit 0).
+
+    Refuses to start (exit 78) when the queues' wiring in effect would drop or misroute
+    messages (e.g. a wait queue that does not dead-letter back to QUEUE)."""
     settings = settings_from(ctx)
     load_handler(handler)  # fail here, once, with one line (exit 78) rather than in each worker
     flags = ConsumerFlags(
@@ -89,9 +94,26 @@ def consume(
 async def _resolve(
     settings: Settings, handler: str, queue: str, flags: ConsumerFlags, spec: Topology | None
 ) -> ConsumerConfig:
+    # One management API snapshot: the settings in effect on every queue, to check the wiring
+    # (and, without --topology, to read the tiers and parking target from).
+    try:
+        async with management(settings) as api:
+            snapshot = await read_wiring(api)
+    except (BrokerUnavailable, AccessRefused) as exc:
+        if spec is None:
+            raise
+        # With a topology file consuming needs only AMQP; go on, but say what was not checked.
+        policy = policy_from_topology(spec, queue, flags.max_attempts)
+        config = build_config(handler, queue, policy, flags, spec)
+        unchecked = (
+            f"could not check the queues' wiring through the management API ({exc}); "
+            "a policy that removes a dead-letter route would go unnoticed"
+        )
+        return replace(config, warnings=(*config.warnings, unchecked))
     if spec is not None:
         policy = policy_from_topology(spec, queue, flags.max_attempts)
+        check_wiring(snapshot, policy)
         return build_config(handler, queue, policy, flags, spec)
-    async with management(settings) as api:
-        policy, consumer_timeout_s = await policy_from_broker(api, queue, flags.max_attempts)
+    policy, consumer_timeout_s = policy_from_snapshot(snapshot, queue, flags.max_attempts)
+    check_wiring(snapshot, policy, discover_wait=True)
     return build_config(handler, queue, policy, flags, None, consumer_timeout_s)

@@ -1,22 +1,20 @@
 """What a consumer needs to know about its queue, from a topology file, the broker, or flags.
 
 Precedence for each setting: an explicit flag, then the topology file, then what the broker's
-declared objects say (wait queues, parking target), then the defaults here.
+declared objects say (wait queues, parking target: rmqkit.consumer.wiring), then the defaults
+here.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from rmqkit.broker.management import ManagementClient
 from rmqkit.consumer.decision import QueuePolicy
-from rmqkit.durations import format_duration_ms, parse_duration_ms
+from rmqkit.durations import format_duration_ms
 from rmqkit.errors import ConfigError
 from rmqkit.topology.expand import wait_queue_names
 from rmqkit.topology.model import Topology
-from rmqkit.topology.plan import matching_policies
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PREFETCH = 200
@@ -83,81 +81,6 @@ def policy_from_topology(topology: Topology, queue: str, max_attempts: int | Non
         wait_queues=tuple(tuple(name for name, _ in slots) for slots in tiers),
         permanent_errors=frozenset(spec.permanent_errors),
     )
-
-
-async def policy_from_broker(
-    api: ManagementClient, queue: str, max_attempts: int | None
-) -> tuple[QueuePolicy, float | None]:
-    """Read the work queue's parking target and wait tiers from the broker's declared objects.
-
-    Returns the policy and the queue's consumer timeout in seconds if a policy or argument
-    sets one (3.12+).
-    """
-    found = await api.queue(queue)
-    policies = await api.policies()
-    if found is None:
-        raise ConfigError(
-            f"queue {queue!r} does not exist in vhost {api.vhost!r} — declare it first "
-            "(rmqkit declare FILE) or pass --topology"
-        )
-    settings = _effective(found, policies)
-    parking = settings.get("dead-letter-routing-key")
-    if settings.get("dead-letter-exchange") != "" or not isinstance(parking, str) or not parking:
-        raise ConfigError(
-            f"queue {queue!r} has no parking queue (it must dead-letter through the default "
-            "exchange to one) — declare it with rmqkit declare, or pass --topology"
-        )
-    prefix = f"{queue}.wait."
-    tiers: dict[int, list[str]] = {}
-    for other in await api.queues():
-        name = str(other.get("name", ""))
-        if not name.startswith(prefix):
-            continue
-        tier_text = name[len(prefix) :].split(".slot-", 1)[0]
-        try:
-            delay = parse_duration_ms(tier_text)
-        except ValueError:
-            continue
-        if _effective(other, policies).get("dead-letter-routing-key") == queue:
-            tiers.setdefault(delay, []).append(name)
-    delays = sorted(tiers)
-    timeout = settings.get("consumer-timeout")
-    return (
-        QueuePolicy(
-            queue=queue,
-            parking_queue=parking,
-            retry_delays_ms=tuple(delays),
-            max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
-            wait_queues=tuple(tuple(sorted(tiers[d], key=_slot_order)) for d in delays),
-        ),
-        float(timeout) / 1000 if isinstance(timeout, int) else None,
-    )
-
-
-def _slot_order(name: str) -> tuple[int, str]:
-    match = re.search(r"\.slot-(\w+)$", name)
-    if match is None:
-        return (1 << 62, name)
-    try:
-        return (parse_duration_ms(match.group(1)), name)
-    except ValueError:
-        return (1 << 61, name)
-
-
-def _effective(queue: dict[str, Any], policies: list[dict[str, Any]]) -> dict[str, Any]:
-    """Arguments over the applying policy (the dead-letter keys rmqkit reads: argument wins).
-
-    The management API's effective_policy_definition lags a policy change by up to the stats
-    interval, so the applying policy is also worked out from the policy list.
-    """
-    args = {k[2:]: v for k, v in (queue.get("arguments") or {}).items() if k.startswith("x-")}
-    policy = queue.get("effective_policy_definition") or {}
-    if not policy:
-        matching = matching_policies(policies, str(queue.get("name", "")))
-        if matching:
-            top = max(matching, key=lambda p: int(p.get("priority", 0)))
-            policy = top.get("definition") or {}
-    return {**dict(policy), **args}
 
 
 def build_config(

@@ -61,16 +61,15 @@ def test_hanging_sync_handlers_do_not_spend_healthy_messages_attempts(
 ) -> None:
     """Two messages whose `def` handler never returns, then 20 healthy ones, prefetch 4.
 
-    On 7cb9a46 the two stuck calls held the thread pool, the healthy messages' timeouts ran while
-    they queued for a thread, and all 20 were parked `exhausted` with HandlerTimeout, their
-    handler never started. Now a timeout counts from the handler's start, a stuck call does not
-    hold a healthy message's thread, and a worker whose threads are all held by stuck calls is
-    recycled (the supervisor restarts it).
+    The healthy ones are published once both hung messages are on their second attempt (four
+    calls hang). On 7cb9a46 those calls held the pool of 4 threads, the healthy messages'
+    timeouts ran while they queued for a thread, and all 20 were parked `exhausted` with
+    HandlerTimeout, their handler never started. Now a timeout counts from the handler's start,
+    a stuck call does not hold a healthy message's thread, and a worker whose spare threads are
+    all held by stuck calls is recycled (the supervisor restarts it).
     """
     hung, healthy = _ids(2), _ids(20)
-    messages = [(m, body(id=m, hang=True)) for m in hung]
-    messages += [(m, body(id=m, sleep=0.05)) for m in healthy]
-    broker.publish_with_ids(jobs_vhost, "jobs", "job", messages)
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m, hang=True)) for m in hung])
     ledger = tmp_path / "ledger.db"
     consumer = ConsumerProcess(
         jobs_vhost,
@@ -84,11 +83,21 @@ def test_hanging_sync_handlers_do_not_spend_healthy_messages_attempts(
         handler="tests.handlers:handle_sync",
     )
     consumers.append(consumer)
+    # Once both hung messages are on their second attempt, four calls hang: on the old code its
+    # pool of 4 threads was full from then on.
+    second_attempts = {(m, 2) for m in hung}
+    assert wait_until(
+        lambda: second_attempts <= {(e[0], e[1]) for e in events(ledger)}, timeout_s=30
+    ), consumer.output()
+    broker.publish_with_ids(
+        jobs_vhost, "jobs", "job", [(m, body(id=m, sleep=0.05)) for m in healthy]
+    )
 
-    # The hung messages end in parking after their 4 attempts (1 s + 2 s tiers, 2 s timeouts).
+    # The hung messages end in parking after their 4 attempts (1 s + 2 s tiers, 2 s timeouts);
+    # wait until every message is accounted for (parked or applied).
     def settled() -> bool:
         parked = broker.depths(jobs_vhost, [PARKING])[PARKING] or 0
-        return (parked >= len(hung) and set(effects(ledger)) >= set(healthy)) or parked > len(hung)
+        return parked + len(set(effects(ledger)) & set(healthy)) >= len(hung) + len(healthy)
 
     assert wait_until(settled, timeout_s=90), consumer.output()
     time.sleep(1.0)
@@ -178,7 +187,7 @@ def test_graceful_restarts_with_concurrency_below_prefetch_spend_no_attempts(
         ),
         timeout_s=90,
     )
-    assert consumer.stop() == 0
+    code = consumer.stop()
     parked = _parked_ids(jobs_vhost)
     reasons = {
         str(h.get("rmqkit-park-reason") or h.get("x-first-death-reason")) for h in parked.values()
@@ -190,6 +199,7 @@ def test_graceful_restarts_with_concurrency_below_prefetch_spend_no_attempts(
     assert len(attempts) == len(ids)
     assert broker.depths(jobs_vhost, [WORK])[WORK] == 0
     assert "prefetch 20 capped to --concurrency 2" in consumers[0].output()
+    assert code == 0, consumer.output()
 
 
 # --- finding 13: wiring that would drop messages --------------------------------------------------

@@ -115,3 +115,17 @@ def test_flags_beat_the_topology_and_warnings_are_collected() -> None:
     config = build_config("m:f", "q", policy_from_topology(bare, "q", None), ConsumerFlags(), bare)
     assert config.handler_timeout_s == 5.0
     assert any("no retry tiers" in w for w in config.warnings)
+
+
+def test_prefetch_is_capped_to_the_concurrency_with_a_warning() -> None:
+    """Issue 9, finding 12: never hold a message no handler can start (a stop hands it back and
+    spends one of its delivery attempts)."""
+    policy = policy_from_topology(ORDERS, "orders.work", None)
+    config = build_config(
+        "m:f", "orders.work", policy, ConsumerFlags(prefetch=50, concurrency=4), ORDERS
+    )
+    assert config.prefetch == 4
+    assert any("prefetch 50 capped to --concurrency 4" in w for w in config.warnings)
+    config = build_config("m:f", "orders.work", policy, ConsumerFlags(concurrency=300), ORDERS)
+    assert config.prefetch == 200  # more concurrency than prefetch: nothing to cap
+    assert not any("capped" in w for w in config.warnings)

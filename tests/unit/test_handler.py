@@ -797,3 +797,90 @@ def test_retry_exception() -> None:
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="delay_s"):
             Retry(bad)
+
+
+# --- HandlerThreads: sync handlers that hang (issue 9, finding 4) --------------------------------
+
+
+def _sync(target: Any) -> LoadedHandler:
+    return LoadedHandler(
+        spec="t:f", target=target, is_async=False, parameter="m", input=HandlerInput.MESSAGE
+    )
+
+
+def test_a_sync_handlers_timeout_counts_from_its_start_not_from_its_wait_for_a_thread() -> None:
+    from rmqkit.consumer.threads import HandlerThreads
+
+    threads = HandlerThreads(1, spare=0)  # one thread: the second call must wait for it
+
+    async def main() -> tuple[Outcome, Outcome, float]:
+        started = time.monotonic()
+        first = asyncio.create_task(
+            run_handler(
+                _sync(lambda m: time.sleep(0.4)),
+                Message(b""),
+                timeout_s=5,
+                permanent_types=frozenset(),
+                executor=threads,
+            )
+        )
+        await asyncio.sleep(0.05)
+        second = await run_handler(
+            _sync(lambda m: None),
+            Message(b""),
+            timeout_s=0.1,  # shorter than its wait for the thread
+            permanent_types=frozenset(),
+            executor=threads,
+        )
+        return await first, second, time.monotonic() - started
+
+    try:
+        first, second, elapsed = asyncio.run(main())
+    finally:
+        threads.close()
+    assert first == Success() and second == Success()
+    assert elapsed >= 0.35  # the second one did wait for the thread
+    assert threads.busy == 0 and threads.stuck == 0
+
+
+def test_a_call_past_its_timeout_is_stuck_until_it_ends_and_spares_serve_the_rest() -> None:
+    from rmqkit.consumer.threads import HandlerThreads
+
+    release = threading.Event()
+    threads = HandlerThreads(1)  # one thread plus one spare
+    changes: list[int] = []
+    threads.on_change = lambda: changes.append(threads.stuck)
+
+    async def main() -> tuple[Outcome, Outcome, bool]:
+        hung = await run_handler(
+            _sync(lambda m: release.wait(10)),
+            Message(b""),
+            timeout_s=0.05,
+            permanent_types=frozenset(),
+            executor=threads,
+        )
+        exhausted = threads.exhausted
+        healthy = await run_handler(
+            _sync(lambda m: None),
+            Message(b""),
+            timeout_s=0.5,
+            permanent_types=frozenset(),
+            executor=threads,
+        )
+        release.set()
+        for _ in range(100):  # the stuck call's end reaches the loop through call_soon_threadsafe
+            if not threads.stuck:
+                break
+            await asyncio.sleep(0.02)
+        return hung, healthy, exhausted
+
+    try:
+        hung, healthy, exhausted = asyncio.run(main())
+    finally:
+        release.set()
+        threads.close()
+    assert hung == HandlerTimeout(0.05)
+    assert exhausted  # the one stuck call holds as many threads as may run at once
+    assert healthy == Success()  # the spare thread ran it at once
+    assert changes == [1, 0]
+    assert threads.busy == 0 and not threads.exhausted

@@ -405,3 +405,24 @@ def test_context_manager_and_port_before_start() -> None:
         await server.stop()  # stopping twice is harmless
 
     asyncio.run(main())
+
+
+def test_readyz_fails_once_stuck_handlers_exhaust_the_threads() -> None:
+    """Issue 9, finding 4: a worker whose handler threads are held by stuck calls says so."""
+    m = ConsumerMetrics("q")
+    m.set_connected(True)
+    m.set_consuming(True)
+    m.set_stuck_handlers(4)
+    text = m.render().decode()
+    assert 'rmqkit_consumer_stuck_handlers{queue="q"} 4.0' in text
+    assert 'rmqkit_consumer_handler_threads_exhausted_total{queue="q"} 0.0' in text
+    assert m.not_ready_reason() is None  # stuck calls alone: the spares still serve
+    m.threads_exhausted()
+    assert 'rmqkit_consumer_handler_threads_exhausted_total{queue="q"} 1.0' in m.render().decode()
+
+    async def scenario(server: HealthServer) -> None:
+        status, _, body = await get(server.port, "/readyz")
+        assert status == 503
+        assert b"handler threads exhausted by 4 stuck handler call(s)" in body
+
+    serve(m, scenario)

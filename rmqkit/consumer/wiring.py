@@ -1,0 +1,246 @@
+"""What the broker's declared objects say about one work queue, and whether they drop messages.
+
+A consumer relies on wiring it does not own: a wait queue must dead-letter back to the work queue
+when its TTL expires, the work queue must dead-letter what it gives up on (delivery limit, TTL,
+length limit) into its parking queue, and the parking queue must keep what it holds. Queues can
+exist and still be wired wrong: only one user policy applies to a queue (the highest priority), so
+a policy that sets only ``message-ttl`` on the wait queues silently removes their way back, and a
+message that failed once is dropped when its wait ends (issue 9, finding 13).
+
+``check_wiring`` works this out from the settings *in effect*, with the same resolver `doctor`
+and `status` use (``rmqkit.health.view``: arguments, the applying policy and operator policy by
+the broker's precedence rules, and dead-letter targets through exchanges and bindings), and
+refuses (ConfigError, exit 78) with one line naming what would drop or misroute messages.
+``policy_from_snapshot`` reads a work queue's parking target and retry tiers from the same
+snapshot when consume runs without ``--topology``.
+
+This module imports ``rmqkit.health.view`` (which imports ``rmqkit.consumer.config`` through the
+health package); ``rmqkit.consumer.config`` must therefore not import this one.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rmqkit.broker.management import ManagementClient
+from rmqkit.consumer.config import DEFAULT_MAX_ATTEMPTS
+from rmqkit.consumer.decision import QueuePolicy
+from rmqkit.durations import parse_duration_ms
+from rmqkit.errors import ConfigError
+from rmqkit.health.view import (
+    QUORUM_DEFAULT_DELIVERY_LIMIT_4X,
+    QueueView,
+    Snapshot,
+    applying_policy,
+    read_snapshot,
+)
+
+__all__ = ["check_wiring", "policy_from_snapshot", "read_wiring"]
+
+
+async def read_wiring(api: ManagementClient) -> Snapshot:
+    """The vhost's queues, policies, exchanges and bindings (one management API snapshot)."""
+    return await read_snapshot(api)
+
+
+def policy_from_snapshot(
+    snapshot: Snapshot, queue: str, max_attempts: int | None
+) -> tuple[QueuePolicy, float | None]:
+    """The work queue's parking target and wait tiers as the broker's declared objects say.
+
+    Returns the policy and the queue's consumer timeout in seconds if a policy or argument sets
+    one (3.12+). Wait queues are the queues named ``<queue>.wait.<delay>[.slot-<delay>]``; one
+    that does not dead-letter back is not a tier, and ``check_wiring`` refuses it.
+    """
+    work = _work_queue(snapshot, queue)
+    parking = work.dead_letter_routing_key
+    if work.dead_letter_exchange != "" or not parking:
+        raise ConfigError(
+            f"queue {queue!r} has no parking queue (it must dead-letter through the default "
+            "exchange to one) — declare it with rmqkit declare, or pass --topology"
+        )
+    tiers: dict[int, list[str]] = {}
+    for name, view in snapshot.queues.items():
+        delay = wait_tier_of(name, queue)
+        if delay is not None and queue in (snapshot.dead_letter_targets(view) or []):
+            tiers.setdefault(delay, []).append(name)
+    delays = sorted(tiers)
+    timeout = work.settings.get("consumer-timeout")
+    return (
+        QueuePolicy(
+            queue=queue,
+            parking_queue=parking,
+            retry_delays_ms=tuple(delays),
+            max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
+            wait_queues=tuple(tuple(sorted(tiers[d], key=_slot_order)) for d in delays),
+        ),
+        float(timeout) / 1000 if isinstance(timeout, int) else None,
+    )
+
+
+def wait_tier_of(name: str, queue: str) -> int | None:
+    """The tier delay (ms) of ``name`` if it is named as a wait queue of ``queue``, else None."""
+    prefix = f"{queue}.wait."
+    if not name.startswith(prefix):
+        return None
+    try:
+        return parse_duration_ms(name[len(prefix) :].split(".slot-", 1)[0])
+    except ValueError:
+        return None
+
+
+def _slot_order(name: str) -> tuple[int, str]:
+    match = re.search(r"\.slot-(\w+)$", name)
+    if match is None:
+        return (1 << 62, name)
+    try:
+        return (parse_duration_ms(match.group(1)), name)
+    except ValueError:
+        return (1 << 61, name)
+
+
+def _work_queue(snapshot: Snapshot, queue: str) -> QueueView:
+    work = snapshot.queues.get(queue)
+    if work is None:
+        raise ConfigError(
+            f"queue {queue!r} does not exist in vhost {snapshot.vhost!r} — declare it first "
+            "(rmqkit declare FILE) or pass --topology"
+        )
+    return work
+
+
+def check_wiring(snapshot: Snapshot, policy: QueuePolicy, *, discover_wait: bool = False) -> None:
+    """Refuse (ConfigError, exit 78) wiring that would drop or misroute this consumer's messages.
+
+    Checks, on the settings in effect: every wait queue has a TTL and dead-letters back to the
+    work queue; the work queue, if it can dead-letter at all (a delivery limit, a TTL, a length
+    limit that drops), dead-letters into its parking queue; the parking queue does not drop what
+    it holds (a TTL or a dropping length limit with nowhere to dead-letter). ``discover_wait``:
+    also check every queue named as a wait queue of the work queue (consume without
+    ``--topology``, where those are the tiers; one wired wrong may already hold messages).
+    """
+    work = _work_queue(snapshot, policy.queue)
+    problems: list[str] = []
+    waits = list(policy.all_wait_queues)
+    if discover_wait:
+        waits += sorted(
+            n for n in snapshot.queues if n not in waits and wait_tier_of(n, policy.queue)
+        )
+    for name in waits:
+        view = snapshot.queues.get(name)
+        if view is None:
+            problems.append(f"wait queue {name!r} does not exist (retries would be returned)")
+            continue
+        problem = _wait_queue_problem(snapshot, view, policy.queue)
+        if problem:
+            problems.append(problem)
+    parking = snapshot.queues.get(policy.parking_queue)
+    if parking is None:
+        problems.append(f"parking queue {policy.parking_queue!r} does not exist")
+    else:
+        problem = _parking_problem(snapshot, parking)
+        if problem:
+            problems.append(problem)
+    problem = _work_queue_problem(snapshot, work, policy.parking_queue)
+    if problem:
+        problems.append(problem)
+    if problems:
+        more = f"; {len(problems) - 1} more problem(s) like it" if len(problems) > 1 else ""
+        raise ConfigError(
+            f"refusing to consume {policy.queue!r}: {problems[0]}{more} — fix the policies or "
+            "run `rmqkit declare` for the topology, then check with `rmqkit doctor`"
+        )
+
+
+def _policy_note(snapshot: Snapshot, view: QueueView) -> str:
+    """Which user policy is in effect on the queue (only one applies: the highest priority)."""
+    found = applying_policy(snapshot.policies, view.name, view.type)
+    if found is None:
+        return "no policy applies to it"
+    return (
+        f"the one policy in effect on it is {found.get('name')!r}, priority "
+        f"{found.get('priority', 0)}"
+    )
+
+
+def _targets_text(targets: list[str]) -> str:
+    return ", ".join(repr(t) for t in targets)
+
+
+def _wait_queue_problem(snapshot: Snapshot, view: QueueView, work: str) -> str | None:
+    targets = snapshot.dead_letter_targets(view)
+    if targets is None:
+        return (
+            f"wait queue {view.name!r} would drop its messages when their wait expires: it has "
+            f"no dead-letter exchange ({_policy_note(snapshot, view)})"
+        )
+    if not targets:
+        return (
+            f"wait queue {view.name!r} would drop its messages when their wait expires: its "
+            f"dead-letter exchange {view.dead_letter_exchange!r} routes them to no queue "
+            f"({_policy_note(snapshot, view)})"
+        )
+    if work not in targets:
+        return (
+            f"wait queue {view.name!r} dead-letters to {_targets_text(targets)}, not back to "
+            f"{work!r}: retried messages would not come back ({_policy_note(snapshot, view)})"
+        )
+    if "message-ttl" not in view.settings:
+        return (
+            f"wait queue {view.name!r} has no message TTL: retried messages would never come "
+            f"back ({_policy_note(snapshot, view)})"
+        )
+    return None
+
+
+def _drops_over_length(view: QueueView) -> bool:
+    limited = "max-length" in view.settings or "max-length-bytes" in view.settings
+    return limited and view.settings.get("overflow", "drop-head") == "drop-head"
+
+
+def _work_queue_problem(snapshot: Snapshot, view: QueueView, parking: str) -> str | None:
+    limit = view.settings.get("delivery-limit")
+    if limit is None and view.type == "quorum" and snapshot.version >= (4, 0, 0):
+        limit = QUORUM_DEFAULT_DELIVERY_LIMIT_4X
+    reasons = []
+    if isinstance(limit, int) and limit >= 0:
+        reasons.append(f"over its delivery limit {limit}")
+    if "message-ttl" in view.settings:
+        reasons.append(f"older than its message TTL {view.settings['message-ttl']} ms")
+    if _drops_over_length(view):
+        reasons.append("over its length limit")
+    if not reasons:
+        return None  # it never dead-letters: nothing to route
+    what = " or ".join(reasons)
+    targets = snapshot.dead_letter_targets(view)
+    if targets is None:
+        return (
+            f"work queue {view.name!r} would drop messages {what}: it has no dead-letter "
+            f"exchange ({_policy_note(snapshot, view)})"
+        )
+    if not targets:
+        return (
+            f"work queue {view.name!r} would drop messages {what}: its dead-letter exchange "
+            f"{view.dead_letter_exchange!r} routes them to no queue "
+            f"({_policy_note(snapshot, view)})"
+        )
+    if parking not in targets:
+        return (
+            f"work queue {view.name!r} dead-letters messages {what} to {_targets_text(targets)}, "
+            f"not to its parking queue {parking!r} ({_policy_note(snapshot, view)})"
+        )
+    return None
+
+
+def _parking_problem(snapshot: Snapshot, view: QueueView) -> str | None:
+    reasons = []
+    if "message-ttl" in view.settings:
+        reasons.append(f"after its message TTL {view.settings['message-ttl']} ms")
+    if _drops_over_length(view):
+        reasons.append("over its length limit (overflow drop-head)")
+    if not reasons or snapshot.dead_letter_targets(view):
+        return None
+    return (
+        f"parking queue {view.name!r} would drop parked messages "
+        f"{' or '.join(reasons)} ({_policy_note(snapshot, view)})"
+    )
