@@ -1,15 +1,32 @@
-"""Test helpers that talk to the real broker (synchronous wrappers for readability)."""
+"""Test helpers that talk to the real broker (synchronous wrappers for readability).
+
+The suite reaches the broker under test only through the environment, so it runs unchanged on
+each version `scripts/broker-up --version 3.10|4.0|4.3 --env` prints:
+
+- ``RMQKIT_TEST_URL`` (AMQP, default the host's node on 5672) and ``RMQKIT_TEST_MANAGEMENT_URL``
+  (default 15672): every settings object, CLI subprocess and direct client here is built from
+  them (``settings_for``, ``cli_env``), never from rmqkit's own defaults;
+- ``RMQKIT_TEST_RABBITMQCTL``: the command that runs rabbitmqctl for that node (e.g.
+  ``scripts/broker-ctl --version 4.3``). Unset, the host's ``rabbitmqctl -n <node>``, the node
+  name read from the management API, so a test never silently reaches another node.
+
+``version()`` is the broker's version as the management API reports it, for tests whose
+expectation differs by version (each such branch says what differs and why).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import shlex
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aio_pika
 import aiormq
@@ -21,6 +38,7 @@ from rmqkit.settings import Settings, load_settings, with_vhost
 BASE_URL = os.environ.get("RMQKIT_TEST_URL", "amqp://guest:guest@127.0.0.1:5672/")
 MGMT = os.environ.get("RMQKIT_TEST_MANAGEMENT_URL", "http://127.0.0.1:15672")
 AUTH = ("guest", "guest")
+RABBITMQCTL = os.environ.get("RMQKIT_TEST_RABBITMQCTL", "")
 T = TypeVar("T")
 
 
@@ -51,8 +69,47 @@ def delete_vhost(name: str) -> None:
     api("DELETE", f"/vhosts/{q(name)}")
 
 
+@functools.cache
+def _overview() -> dict[str, Any]:
+    response = api("GET", "/overview")
+    response.raise_for_status()
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def version() -> tuple[int, int]:
+    """(major, minor) of the broker under test, from the management API (e.g. (4, 3))."""
+    major, minor = str(_overview()["rabbitmq_version"]).split(".")[:2]
+    return int(major), int(minor)
+
+
+def node_name() -> str:
+    """The Erlang node name of the broker under test (e.g. ``rmq43@vm``)."""
+    return str(_overview()["node"])
+
+
+def rabbitmqctl(
+    *args: str, timeout: float = 60, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """rabbitmqctl ARGS for the node under test (RMQKIT_TEST_RABBITMQCTL, see the docstring)."""
+    command = shlex.split(RABBITMQCTL) if RABBITMQCTL else ["rabbitmqctl", "-n", node_name()]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout, check=check
+    )
+
+
 def settings_for(vhost: str) -> Settings:
-    return load_settings(url=with_vhost(BASE_URL, vhost))
+    """Settings for ``vhost`` on the broker under test, management API included."""
+    return load_settings(url=with_vhost(BASE_URL, vhost), management_url=MGMT)
+
+
+def cli_env(vhost: str | None = None) -> dict[str, str]:
+    """This process's environment without RMQKIT_*, plus RMQKIT_URL (``vhost`` on the broker
+    under test; the bare base URL if None) and RMQKIT_MANAGEMENT_URL: for subprocesses."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env["RMQKIT_URL"] = BASE_URL if vhost is None else with_vhost(BASE_URL, vhost)
+    env["RMQKIT_MANAGEMENT_URL"] = MGMT
+    return env
 
 
 def wait_for(fn: Callable[[], T], *, timeout_s: float = 15.0, interval_s: float = 0.2) -> T:
@@ -154,11 +211,16 @@ def reject_one(vhost: str, queue: str) -> bool:
 def cli(
     *args: str, vhost: str | None = None, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real `rmqkit` command in a subprocess, so exit codes are the real ones."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-    if vhost is not None:
-        full_env["RMQKIT_URL"] = with_vhost(BASE_URL, vhost)
+    """Run the real `rmqkit` command in a subprocess, so exit codes are the real ones.
+
+    With ``vhost``, RMQKIT_URL and RMQKIT_MANAGEMENT_URL name the broker under test; so does
+    RMQKIT_MANAGEMENT_URL when ``env`` points RMQKIT_URL at it. Otherwise the command gets no
+    RMQKIT_* at all (tests of flags, bad URLs, unreachable brokers)."""
+    full_env = cli_env(vhost) if vhost is not None else _without_rmqkit()
     full_env.update(env or {})
+    target = full_env.get("RMQKIT_URL")
+    if target and _netloc(target) == _netloc(BASE_URL):
+        full_env.setdefault("RMQKIT_MANAGEMENT_URL", MGMT)
     return subprocess.run(
         [sys.executable, "-m", "rmqkit", *args],
         capture_output=True,
@@ -167,6 +229,15 @@ def cli(
         timeout=timeout,
         check=False,
     )
+
+
+def _without_rmqkit() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+
+
+def _netloc(url: str) -> tuple[str | None, int | None]:
+    parts = urlsplit(url.split(",")[0].strip())
+    return parts.hostname, parts.port
 
 
 async def _publish_with_ids(

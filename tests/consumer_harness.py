@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rmqkit.settings import with_vhost
 from tests import broker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,8 +32,7 @@ class ConsumerProcess:
         topology: str | None = JOBS,
         global_args: bool = False,
     ) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-        env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
+        env = broker.cli_env(vhost)
         env["RMQKIT_TEST_LEDGER"] = str(ledger)
         # global_args: args are global options (before the command), e.g. --url.
         head = [*args] if global_args else []

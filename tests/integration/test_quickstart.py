@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -14,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_scripts_demo_runs_the_main_job_end_to_end() -> None:
     vhost = f"rmqkit-test-demo-{uuid.uuid4().hex[:6]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env = broker.cli_env()  # the broker under test; scripts/demo appends its vhost
     env["RMQKIT_DEMO_VHOST"] = vhost
     try:
         result = subprocess.run(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -166,8 +165,7 @@ def test_status_of_a_topology_not_declared_marks_its_queues(fresh_vhost: Any) ->
 
 
 def test_status_watch_redraws_until_ctrl_c(populated: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-    env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, populated)
+    env = broker.cli_env(populated)
     process = subprocess.Popen(
         [sys.executable, "-m", "rmqkit", "status", "--watch", "--json", "--interval", "300ms"],
         stdout=subprocess.PIPE,
