@@ -1,4 +1,4 @@
-"""Attempt counting and x-death parsing on recorded header shapes of RabbitMQ 3.10, 3.13 and 4.x.
+"""Attempt counting and x-death parsing on header shapes recorded from RabbitMQ 3.10, 4.0, 4.3.
 
 Shapes are as aio-pika hands them to a consumer (pamqp decoding): long strings ``S`` arrive as
 ``str`` (``bytes`` only when not valid UTF-8), byte arrays ``x`` as ``bytearray``, the broker's
@@ -7,6 +7,7 @@ Shapes are as aio-pika hands them to a consumer (pamqp decoding): long strings `
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -28,6 +29,7 @@ from rmqkit.consumer.attempts import (
     read_x_death,
     recorded_attempts,
 )
+from tests.unit.recorded import v3_10, v4_0, v4_3
 
 T0 = datetime(2026, 11, 29, 16, 26, 5, tzinfo=UTC)
 T1 = datetime(2026, 11, 29, 16, 26, 6, tzinfo=UTC)
@@ -186,114 +188,42 @@ V310_DELIVERY_LIMIT_PARKED: dict[str, Any] = {
 }
 
 # --------------------------------------------------------------------------------------------------
-# RabbitMQ 3.13 — CONSTRUCTED (no 3.13 broker here) from rabbit_dead_letter / mc_amqpl of 3.13:
-# the same x-death tables as 3.10 plus x-last-death-{queue,reason,exchange}; x-delivery-count is
-# omitted at 0 since 3.12.
+# RabbitMQ 3.10.8, 4.0.5 and 4.3.6 — RECORDED by scripts/record-headers (tests/record_headers.py)
+# from the real nodes of scripts/broker-up --version 3.10|4.0|4.3, one module per version in
+# tests/unit/recorded/: the same scenarios (first delivery, requeues, broker-driven loop, rmqkit
+# republish, delivery limit) on each. What differs, as recorded:
+# - x-delivery-count: 3.10 sends it even at 0; 4.0 and 4.3 omit it at 0; on 4.0 and 4.3 it is
+#   carried through dead-lettering (a message back from the wait queue, and a parked one, still
+#   has it), on 3.10 dead-lettering resets it to 0.
+# - 4.3 adds x-acquired-count (every acquisition, nack-requeue included) and stops counting
+#   nack(requeue=True) in x-delivery-count (NACKED_REQUEUE_TWICE, NACKED_PAST_THE_LIMIT).
+# - 4.0 and 4.3 add x-last-death-*; they ignore a client-set x-death (REPUBLISHED_UNSTRIPPED:
+#   count 1, where 3.10 read it back and counted 3).
+# - x-death table keys come in a different order (and on 3.10 a table's order depends on when
+#   it was first written); parsing must not depend on it.
+# (No 3.13 broker here: its shapes are no longer in this file; 3.13 is 4.0's x-death handling
+# with 3.12's x-delivery-count, between the two recorded ends.)
 # --------------------------------------------------------------------------------------------------
-V313_BROKER_LOOP_DELIVERY_3: dict[str, Any] = {
-    "tenant": "t1",
-    "x-death": [
-        {
-            "count": 2,
-            "exchange": "",
-            "queue": "orders.work.wait.0",
-            "reason": "expired",
-            "routing-keys": ["orders.work.wait.0"],
-            "time": T0,
-        },
-        {
-            "count": 2,
-            "exchange": "orders",
-            "queue": "orders.work",
-            "reason": "rejected",
-            "routing-keys": ["orders.created"],
-            "time": T0,
-        },
-    ],
-    "x-first-death-exchange": "orders",
-    "x-first-death-queue": "orders.work",
-    "x-first-death-reason": "rejected",
-    "x-last-death-exchange": "",
-    "x-last-death-queue": "orders.work.wait.0",
-    "x-last-death-reason": "expired",
-}
+RECORDED = [v3_10, v4_0, v4_3]
+V4 = [v4_0, v4_3]
 
-# --------------------------------------------------------------------------------------------------
-# RabbitMQ 4.x — CONSTRUCTED from mc_amqpl:protocol_state/death_table of rabbitmq-server main:
-# x-death built only from the broker's own death records (a client-set x-death is ignored and, on
-# dead-lettering, overwritten), tables in the order count, reason, queue, time, exchange,
-# routing-keys; headers sorted by name; x-first/last-death-* present; x-delivery-count omitted at 0.
-# --------------------------------------------------------------------------------------------------
-V4_FIRST_DELIVERY: dict[str, Any] = {"tenant": "t1"}
-V4_REDELIVERED_TWICE: dict[str, Any] = {"tenant": "t1", "x-delivery-count": 2}
-V4_BROKER_LOOP_DELIVERY_3: dict[str, Any] = {
-    "tenant": "t1",
-    "x-death": [
-        {
-            "count": 2,
-            "reason": "expired",
-            "queue": "orders.work.wait.0",
-            "time": T0,
-            "exchange": "",
-            "routing-keys": ["orders.work.wait.0"],
-        },
-        {
-            "count": 2,
-            "reason": "rejected",
-            "queue": "orders.work",
-            "time": T0,
-            "exchange": "orders",
-            "routing-keys": ["orders.created"],
-        },
-    ],
-    "x-first-death-exchange": "orders",
-    "x-first-death-queue": "orders.work",
-    "x-first-death-reason": "rejected",
-    "x-last-death-exchange": "",
-    "x-last-death-queue": "orders.work.wait.0",
-    "x-last-death-reason": "expired",
-}
-# An rmqkit copy (attempt 3 so far) back from a wait slot; the broker started x-death afresh.
-V4_REPUBLISHED: dict[str, Any] = {
-    "rmqkit-attempt": 3,
-    "rmqkit-original-exchange": "orders",
-    "rmqkit-original-routing-key": "orders.created",
-    "tenant": "t1",
-    "x-death": [
-        {
-            "count": 1,
-            "reason": "expired",
-            "queue": "orders.work.wait.2.slot-1s",
-            "time": T1,
-            "exchange": "",
-            "routing-keys": ["orders.work.wait.2.slot-1s"],
-        }
-    ],
-    "x-first-death-exchange": "",
-    "x-first-death-queue": "orders.work.wait.2.slot-1s",
-    "x-first-death-reason": "expired",
-    "x-last-death-exchange": "",
-    "x-last-death-queue": "orders.work.wait.2.slot-1s",
-    "x-last-death-reason": "expired",
-}
-V4_DELIVERY_LIMIT_PARKED: dict[str, Any] = {
-    "x-death": [
-        {
-            "count": 1,
-            "reason": "delivery_limit",
-            "queue": "orders.work",
-            "time": T1,
-            "exchange": "orders",
-            "routing-keys": ["orders.created"],
-        }
-    ],
-    "x-first-death-exchange": "orders",
-    "x-first-death-queue": "orders.work",
-    "x-first-death-reason": "delivery_limit",
-    "x-last-death-exchange": "orders",
-    "x-last-death-queue": "orders.work",
-    "x-last-death-reason": "delivery_limit",
-}
+
+def by_version(modules: list[Any]) -> Any:
+    """pytest parametrize over recorded modules, with their broker version as the test id."""
+    return pytest.mark.parametrize(
+        "rec", modules, ids=[module.RABBITMQ_VERSION for module in modules]
+    )
+
+
+def shapes(module: Any) -> list[dict[str, Any]]:
+    """Every recorded header table of a module (the parked copy inside NACKED_PAST_THE_LIMIT)."""
+    out = []
+    for name in dir(module):
+        value = getattr(module, name)
+        if name.isupper() and isinstance(value, dict):
+            out.append(value.get("parked", value))
+    return out
+
 
 ALL_RECORDED = [
     V310_FIRST_DELIVERY,
@@ -303,12 +233,7 @@ ALL_RECORDED = [
     V310_REPUBLISHED_STRIPPED,
     V310_REPUBLISHED_UNSTRIPPED,
     V310_DELIVERY_LIMIT_PARKED,
-    V313_BROKER_LOOP_DELIVERY_3,
-    V4_FIRST_DELIVERY,
-    V4_REDELIVERED_TWICE,
-    V4_BROKER_LOOP_DELIVERY_3,
-    V4_REPUBLISHED,
-    V4_DELIVERY_LIMIT_PARKED,
+    *(shape for module in RECORDED for shape in shapes(module)),
 ]
 WAITS = ("orders.work.wait.0", "orders.work.wait.1", "orders.work.wait.2.slot-1s")
 
@@ -328,15 +253,11 @@ def roundtrip(headers: dict[str, Any]) -> Any:
     [
         (V310_FIRST_DELIVERY, "bd.work", 1),
         ({}, "orders.work", 1),
-        (V4_FIRST_DELIVERY, "orders.work", 1),
         (V310_BROKER_LOOP_DELIVERY_2, "bd.work", 2),
         (V310_BROKER_LOOP_DELIVERY_4, "bd.work", 4),
         (V310_NAMED_EXCHANGE_LOOP, "orders.work", 2),
-        (V313_BROKER_LOOP_DELIVERY_3, "orders.work", 3),
-        (V4_BROKER_LOOP_DELIVERY_3, "orders.work", 3),
         (V310_REPUBLISHED_STRIPPED, "rp.work", 2),
         (V310_REPUBLISHED_UNSTRIPPED, "rp.work", 3),
-        (V4_REPUBLISHED, "orders.work", 4),
     ],
 )
 def test_attempt_number_on_recorded_shapes(
@@ -347,11 +268,74 @@ def test_attempt_number_on_recorded_shapes(
     assert attempt_number(headers, queue, wait_queues=waits) == expected
 
 
+@by_version(RECORDED)
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("FIRST_DELIVERY", 1),
+        ("EMPTY_HEADERS_TABLE", 1),
+        ("REJECTED_REQUEUE_TWICE", 1),
+        ("NACKED_REQUEUE_TWICE", 1),
+        ("BROKER_LOOP_DELIVERY_2", 2),
+        ("BROKER_LOOP_DELIVERY_3", 3),
+        ("NAMED_EXCHANGE_LOOP", 2),
+        # rmqkit's own header said 3 attempts; the copy's one expiry adds nothing to it
+        ("REPUBLISHED_STRIPPED", 4),
+    ],
+)
+def test_attempt_number_on_every_recorded_version(rec: Any, name: str, expected: int) -> None:
+    headers = getattr(rec, name)
+    assert attempt_number(headers, "orders.work") == expected
+    assert attempt_number(headers, "orders.work", wait_queues=WAITS) == expected
+
+
+@by_version(V4)
+def test_client_set_x_death_is_ignored_from_40(rec: Any) -> None:
+    # 4.0+: the x-death the client republished (count 2 by then) was not read back: count 1,
+    # so the republish alone would lose the history; rmqkit-attempt carries it.
+    events = read_x_death(rec.REPUBLISHED_UNSTRIPPED)
+    assert [(e.queue, e.reason, e.count) for e in events] == [("orders.work.wait.0", "expired", 1)]
+    assert attempt_number(rec.REPUBLISHED_UNSTRIPPED, "orders.work", wait_queues=WAITS) == 4
+
+
+def test_client_set_x_death_is_read_back_on_310() -> None:
+    events = read_x_death(v3_10.REPUBLISHED_UNSTRIPPED)
+    assert [(e.queue, e.reason, e.count) for e in events] == [("orders.work.wait.0", "expired", 3)]
+    assert attempt_number(v3_10.REPUBLISHED_UNSTRIPPED, "orders.work", wait_queues=WAITS) == 4
+
+
 def test_x_delivery_count_is_not_an_attempt() -> None:
     # a redelivery after a lost connection or a shutdown is not a failed attempt; crash loops are
     # the delivery limit's job
-    assert attempt_number(V4_REDELIVERED_TWICE, "orders.work") == 1
+    for rec in RECORDED:
+        assert rec.REJECTED_REQUEUE_TWICE["x-delivery-count"] == 2
+        assert attempt_number(rec.REJECTED_REQUEUE_TWICE, "orders.work") == 1
     assert attempt_number({"x-delivery-count": 7}, "orders.work") == 1
+
+
+def test_delivery_annotations_by_version() -> None:
+    """What each version puts in x-delivery-count / x-acquired-count (recorded)."""
+    assert v3_10.FIRST_DELIVERY == {"tenant": "t1", "x-delivery-count": 0}
+    assert v4_0.FIRST_DELIVERY == v4_3.FIRST_DELIVERY == {"tenant": "t1"}  # omitted at 0
+    # nack(requeue=True) counts on 3.10 and 4.0; on 4.3 only x-acquired-count rises
+    assert v3_10.NACKED_REQUEUE_TWICE["x-delivery-count"] == 2
+    assert v4_0.NACKED_REQUEUE_TWICE["x-delivery-count"] == 2
+    assert v4_3.NACKED_REQUEUE_TWICE == {"tenant": "t1", "x-acquired-count": 2}
+    assert v4_3.REJECTED_REQUEUE_TWICE["x-acquired-count"] == 2
+    assert "x-acquired-count" not in v4_0.REJECTED_REQUEUE_TWICE
+    # so four nacks pass a delivery limit of 2 on 4.3 only (4.0 parks the message)
+    assert v4_3.NACKED_PAST_THE_LIMIT == {"tenant": "t1", "x-acquired-count": 4}
+    assert delivery_limit_hit(v4_0.NACKED_PAST_THE_LIMIT["parked"])
+    # dead-lettering resets the count on 3.10 and carries it along on 4.x: a message back from
+    # a wait queue counts its rejections; 4.3 (not 4.0) carries it into the parking queue too,
+    # so a parking queue with a delivery limit would start spending it at 3
+    assert v3_10.BROKER_LOOP_DELIVERY_3["x-delivery-count"] == 0
+    for rec in V4:
+        assert rec.BROKER_LOOP_DELIVERY_3["x-delivery-count"] == 2
+    assert v3_10.DELIVERY_LIMIT_PARKED["x-delivery-count"] == 0
+    assert "x-delivery-count" not in v4_0.DELIVERY_LIMIT_PARKED
+    assert v4_3.DELIVERY_LIMIT_PARKED["x-delivery-count"] == 3
+    assert v4_3.DELIVERY_LIMIT_PARKED["x-acquired-count"] == 3
 
 
 def test_rejections_of_another_queue_do_not_count() -> None:
@@ -387,8 +371,9 @@ def test_wait_queue_expiries_are_a_lower_bound() -> None:
     assert attempt_number(headers, "orders.work", wait_queues=("elsewhere",)) == 1
 
 
-def test_never_lower_than_our_header() -> None:
-    headers = {**V4_BROKER_LOOP_DELIVERY_3, h.ATTEMPT: 10}
+@by_version(V4)
+def test_never_lower_than_our_header(rec: Any) -> None:
+    headers = {**rec.BROKER_LOOP_DELIVERY_3, h.ATTEMPT: 10}
     assert attempt_number(headers, "orders.work", wait_queues=WAITS) >= 11
 
 
@@ -449,8 +434,16 @@ def test_read_x_death_310_named_exchange() -> None:
 
 
 def test_read_x_death_same_records_on_all_versions() -> None:
-    # 3.13 and 4.x order table keys differently; the parsed records are the same
-    assert read_x_death(V313_BROKER_LOOP_DELIVERY_3) == read_x_death(V4_BROKER_LOOP_DELIVERY_3)
+    # 3.10, 4.0 and 4.3 order table keys differently; the parsed records are the same (but for
+    # the broker's timestamps: each recording ran at its own time)
+    def untimed(headers: dict[str, Any]) -> list[DeathEvent]:
+        return [dataclasses.replace(event, time=None) for event in read_x_death(headers)]
+
+    for name in ("BROKER_LOOP_DELIVERY_3", "NAMED_EXCHANGE_LOOP", "DELIVERY_LIMIT_PARKED"):
+        expected = untimed(getattr(v3_10, name))
+        assert expected
+        for rec in V4:
+            assert untimed(getattr(rec, name)) == expected, (rec.RABBITMQ_VERSION, name)
 
 
 def test_history_last_death_derived_before_313() -> None:
@@ -467,8 +460,9 @@ def test_history_last_death_derived_before_313() -> None:
     )
 
 
-def test_history_last_death_read_on_313_and_4() -> None:
-    for headers in (V313_BROKER_LOOP_DELIVERY_3, V4_BROKER_LOOP_DELIVERY_3):
+def test_history_last_death_read_on_4() -> None:
+    for headers in (rec.BROKER_LOOP_DELIVERY_3 for rec in V4):
+        assert "x-last-death-queue" in headers
         history = read_death_history(headers)
         assert (history.last_queue, history.last_reason, history.last_exchange) == (
             "orders.work.wait.0",
@@ -587,11 +581,17 @@ def test_read_x_death_no_headers() -> None:
     ("headers", "expected"),
     [
         (V310_DELIVERY_LIMIT_PARKED, True),
-        (V4_DELIVERY_LIMIT_PARKED, True),
+        (v3_10.DELIVERY_LIMIT_PARKED, True),
+        (v4_0.DELIVERY_LIMIT_PARKED, True),
+        (v4_3.DELIVERY_LIMIT_PARKED, True),
+        (v4_0.NACKED_PAST_THE_LIMIT["parked"], True),
+        (v4_3.NACKED_PAST_THE_LIMIT, False),
+        (v4_3.NACKED_REQUEUE_TWICE, False),
+        (v4_3.BROKER_LOOP_DELIVERY_3, False),
         ({"x-first-death-reason": "delivery_limit"}, True),
         ({"x-last-death-reason": "delivery_limit"}, True),
         (V310_BROKER_LOOP_DELIVERY_4, False),
-        (V4_REDELIVERED_TWICE, False),
+        (v4_0.REJECTED_REQUEUE_TWICE, False),
         (V310_FIRST_DELIVERY, False),
         ({}, False),
         (None, False),
@@ -608,7 +608,9 @@ def test_parking_reason() -> None:
     assert parking_reason({h.PARK_REASON: b"undecodable"}) == h.ParkingReason.UNDECODABLE
     assert parking_reason({h.PARK_REASON: "from_the_future"}) == "from_the_future"
     # ours wins over the broker's history (a replayed message that later exhausted its attempts)
-    assert parking_reason({**V4_DELIVERY_LIMIT_PARKED, h.PARK_REASON: "exhausted"}) == "exhausted"
+    parked = v4_3.DELIVERY_LIMIT_PARKED
+    assert parking_reason(parked) == h.ParkingReason.DELIVERY_LIMIT
+    assert parking_reason({**parked, h.PARK_REASON: "exhausted"}) == "exhausted"
     assert parking_reason({h.PARK_REASON: ""}) is None
     assert parking_reason({}) is None
     assert parking_reason(None) is None
