@@ -46,7 +46,11 @@ def consume(
     ),
     prefetch: int | None = typer.Option(None, "--prefetch", min=1, max=65535),
     concurrency: int | None = typer.Option(
-        None, "--concurrency", min=1, help="Handlers in flight per process (default: prefetch)."
+        None,
+        "--concurrency",
+        min=1,
+        help="Handlers in flight per process (default: prefetch). Below --prefetch it caps the "
+        "prefetch: a worker holds no message it cannot start.",
     ),
     processes: int = typer.Option(1, "--processes", min=1, max=64, help="Worker processes."),
     handler_timeout: str | None = typer.Option(
