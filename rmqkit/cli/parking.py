@@ -36,7 +36,7 @@ from rmqkit.cli.parking_options import parking_queue as _queue
 from rmqkit.cli.parking_options import progress_bar as _progress
 from rmqkit.cli.render import stderr, stdout
 from rmqkit.errors import DataError, ExitCode, PartialSuccess, UsageError
-from rmqkit.fileout import SafeOutput, check_output, output_mode
+from rmqkit.fileout import OutputError, SafeOutput, check_output, output_mode
 from rmqkit.parking.journal import ImportJournal
 from rmqkit.parking.model import ParkedFilter, ParkedMessage, json_safe, redact_body, redact_value
 from rmqkit.parking.ops import (
@@ -76,7 +76,10 @@ def list_cmd(
 
     def emit(message: ParkedMessage) -> None:
         if as_json:
-            out.write(json.dumps(message.summary(redact=keys), default=str) + "\n")
+            try:
+                out.write(json.dumps(message.summary(redact=keys), default=str) + "\n")
+            except OSError as exc:  # stdout redirected to a full disk: exit 74, not a bug
+                raise OutputError(f"writing the listing failed: {exc.strerror or exc}") from None
         else:
             rows.append(message)
 
@@ -85,7 +88,10 @@ def list_cmd(
         stats = run_async(list_parked(settings, name, flt, emit, limit=limit, progress=update))
     warn_browse(name, stats)
     if as_json:
-        out.flush()
+        try:
+            out.flush()
+        except OSError as exc:
+            raise OutputError(f"writing the listing failed: {exc.strerror or exc}") from None
         return
     if not stdout.is_terminal:  # piped: one tab-separated line per message, never wrapped
         print("message_id\treason\terror_type\terror_message\tattempts\torigin\tage\tsize")

@@ -32,9 +32,14 @@ PARKING = "fs.work.parking"
 
 
 def cli_limited(
-    *args: str, vhost: str | None, max_file_bytes: int | None = None, timeout: float = 120
+    *args: str,
+    vhost: str | None,
+    max_file_bytes: int | None = None,
+    timeout: float = 120,
+    stdout_to: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`rmqkit ARGS` in a subprocess whose files cannot grow past ``max_file_bytes``."""
+    """`rmqkit ARGS` in a subprocess whose files cannot grow past ``max_file_bytes``
+    (``stdout_to``: its stdout redirected to that file, as `> FILE` would)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
     if vhost is not None:
         env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
@@ -43,16 +48,29 @@ def cli_limited(
         if max_file_bytes is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
 
-    return subprocess.run(
-        [sys.executable, "-m", "rmqkit", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        check=False,
-        preexec_fn=limit,
-        cwd=ROOT,
-    )
+    if stdout_to is None:
+        return subprocess.run(
+            [sys.executable, "-m", "rmqkit", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+            preexec_fn=limit,
+            cwd=ROOT,
+        )
+    with stdout_to.open("w") as sink:
+        return subprocess.run(
+            [sys.executable, "-m", "rmqkit", *args],
+            stdout=sink,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+            preexec_fn=limit,
+            cwd=ROOT,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +149,26 @@ def test_export_without_remove_on_a_full_disk_leaves_no_file(
     assert result.returncode == 74 and "Traceback" not in result.stderr, result.stderr
     assert not out.exists()  # never a half export under the name asked for
     assert [p.name for p in tmp_path.iterdir()] == []  # nor a temporary file left behind
+    assert _depth(v) == 3000
+
+
+@pytest.mark.parametrize("command", [("export",), ("list", "--json")])
+def test_stdout_redirected_to_a_full_disk_is_exit_74(
+    declared: str, parked: Callable[[int, str], list[str]], tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    v = declared
+    parked(3000, "stdout")
+    result = cli_limited(
+        "parking",
+        command[0],
+        PARKING,
+        *command[1:],
+        vhost=v,
+        max_file_bytes=500_000,
+        stdout_to=tmp_path / "out",
+    )
+    assert result.returncode == 74, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "File too large" in result.stderr
     assert _depth(v) == 3000
 
 
