@@ -88,6 +88,13 @@ def node_name() -> str:
     return str(_overview()["node"])
 
 
+def no_delivery_limit() -> dict[str, Any]:
+    """x-arguments for a quorum queue without a delivery limit, as `rmqkit declare` makes a
+    parking queue: 4.0+ gives every quorum queue a limit of 20 unless told -1 (and rmqkit refuses
+    to browse a parking queue with a limit); 3.x has none by default and rejects -1."""
+    return {"x-delivery-limit": -1} if version() >= (4, 0) else {}
+
+
 def rabbitmqctl(
     *args: str, timeout: float = 60, check: bool = False
 ) -> subprocess.CompletedProcess[str]:

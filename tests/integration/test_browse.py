@@ -22,7 +22,9 @@ COUNT = 8_000
 
 
 def _declare(vhost: str, name: str, **arguments: Any) -> None:
-    args = {"x-queue-type": "quorum", **arguments}
+    # Version difference: a parking queue needs no delivery limit, which on 4.x must be said
+    # (-1; the default is 20 and rmqkit refuses to browse such a queue) and on 3.x must not be.
+    args = {"x-queue-type": "quorum", **broker.no_delivery_limit(), **arguments}
     body = {"durable": True, "arguments": args}
     broker.api("PUT", f"/queues/{broker.q(vhost)}/{broker.q(name)}", json=body).raise_for_status()
 
