@@ -1,16 +1,18 @@
 """Publishing with publisher confirms in a pipelined window, ``mandatory``, persistent, and a
-stable ``message_id`` per message (given, or generated once before the first attempt)."""
+stable ``message_id`` per message: given, taken from a field, or derived from the input (the same
+input published again gets the same ids, see ``derived_message_id``)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import random
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import aiormq
 from pamqp import commands as spec
@@ -41,7 +43,81 @@ class OutgoingMessage:
 
 
 def new_message_id() -> str:
+    """A random message_id (``--random-ids``): a rerun cannot be matched with the first run."""
     return uuid.uuid4().hex
+
+
+# Fixed namespace of the ids `rmqkit publish` derives (UUID version 5 semantics: SHA-1 of the
+# namespace and the name). Changing it changes every derived id: never change it.
+ID_NAMESPACE: Final = uuid.UUID("4f0b2a3e-6a55-5d0c-9a57-7d9e1c2b8a61")
+
+
+def derived_message_id(exchange: str, routing_key: str, position: int, body: bytes) -> str:
+    """The message_id `rmqkit publish` gives a message that has none: a name-based UUID (version 5,
+    32 hex digits) of the exchange, the routing key, the input position (1-based line number, or
+    --body index) and the body.
+
+    Publishing the same input to the same exchange and key again therefore gives every message the
+    same id, so after a lost connection a rerun's duplicates are recognisable by an idempotent
+    consumer; identical bodies at different positions, or sent elsewhere, get different ids.
+    """
+    name = b"%d:%s%d:%s%d:" % (
+        len(exchange.encode()),
+        exchange.encode(),
+        len(routing_key.encode()),
+        routing_key.encode(),
+        position,
+    )
+    digest = hashlib.sha1(ID_NAMESPACE.bytes + name + body, usedforsecurity=False).digest()
+    return uuid.UUID(bytes=digest[:16], version=5).hex
+
+
+@dataclass(frozen=True)
+class IdSource:
+    """How a message without an explicit message_id gets one.
+
+    ``field``: a dotted path (``order.id``) to take it from: in an NDJSON record (the line's
+    object, e.g. ``body.order_id``), or in a plain line parsed as JSON. ``random``: a fresh uuid4
+    each run (a rerun's duplicates cannot be recognised). Otherwise ``derived_message_id``.
+    """
+
+    exchange: str = ""
+    routing_key: str = ""
+    field: str | None = None
+    random: bool = False
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether the same input published again gets the same ids."""
+        return not self.random
+
+    def message_id(
+        self, position: int, body: bytes, routing_key: str | None, record: Any = None
+    ) -> str:
+        """The id of the message at ``position``; ValueError (the reason) if ``field`` is not
+        there. ``record``: the parsed NDJSON object (for plain lines the body is parsed)."""
+        if self.field is not None:
+            if record is None:
+                try:
+                    record = json.loads(body)
+                except ValueError:
+                    raise ValueError(f"--id-from {self.field}: the line is not JSON") from None
+            return _field_value(record, self.field)
+        if self.random:
+            return new_message_id()
+        key = self.routing_key if routing_key is None else routing_key
+        return derived_message_id(self.exchange, key, position, body)
+
+
+def _field_value(record: Any, path: str) -> str:
+    value = record
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise ValueError(f"--id-from {path}: no field {part!r}")
+        value = value[part]
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise ValueError(f"--id-from {path}: wants a non-empty string or integer, got {value!r}")
+    return str(value)
 
 
 def messages_from_lines(
@@ -49,12 +125,38 @@ def messages_from_lines(
     *,
     headers: dict[str, Any] | None = None,
     content_type: str | None = None,
+    ids: IdSource | None = None,
+    source: str = "<stdin>",
 ) -> Iterable[OutgoingMessage]:
-    """Each line (newline removed) is one body; empty lines are skipped."""
-    for line in lines:
+    """Each line (newline removed) is one body; empty lines are skipped (but counted: a
+    message's position is its line number). Raises DataError naming the line if ``ids.field``
+    cannot be read from it."""
+    ids = ids or IdSource()
+    for number, line in enumerate(lines, start=1):
         body = line.rstrip(b"\r\n")
         if body:
-            yield OutgoingMessage(body, new_message_id(), headers, content_type=content_type)
+            try:
+                message_id = ids.message_id(number, body, None)
+            except ValueError as exc:
+                raise DataError(f"{source}:{number}: {exc}") from None
+            yield OutgoingMessage(body, message_id, headers, content_type=content_type)
+
+
+def messages_from_bodies(
+    bodies: Iterable[bytes],
+    *,
+    headers: dict[str, Any] | None = None,
+    content_type: str | None = None,
+    ids: IdSource | None = None,
+) -> Iterable[OutgoingMessage]:
+    """One message per body (``--body``); a body's position is its 1-based index."""
+    ids = ids or IdSource()
+    for number, body in enumerate(bodies, start=1):
+        try:
+            message_id = ids.message_id(number, body, None)
+        except ValueError as exc:
+            raise DataError(f"--body {number}: {exc}") from None
+        yield OutgoingMessage(body, message_id, headers, content_type=content_type)
 
 
 _NDJSON_KEYS = {"body", "body_b64", "headers", "properties", "routing_key", "message_id"}
@@ -70,10 +172,18 @@ _PROPERTY_KEYS = {
 
 
 def messages_from_ndjson(
-    lines: Iterable[bytes], *, source: str = "<stdin>", headers: dict[str, Any] | None = None
+    lines: Iterable[bytes],
+    *,
+    source: str = "<stdin>",
+    headers: dict[str, Any] | None = None,
+    ids: IdSource | None = None,
 ) -> Iterable[OutgoingMessage]:
     """Objects ``{"body": "...", "headers": {...}, "properties": {...}}`` one per line
-    (``body_b64`` for binary bodies). Raises DataError naming the line."""
+    (``body_b64`` for binary bodies). Raises DataError naming the line.
+
+    The message_id: the record's ``message_id`` (or ``properties.message_id``), else ``ids``
+    (``--id-from`` field, or derived from the line number and content)."""
+    ids = ids or IdSource()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -102,11 +212,20 @@ def messages_from_ndjson(
         else:
             raise DataError(f"{source}:{number}: no body (body or body_b64)")
         merged = {**(headers or {}), **(item.get("headers") or {})}
+        given = item.get("message_id") or props.get("message_id")
+        routing_key = item.get("routing_key")
+        if given:
+            message_id = str(given)
+        else:
+            try:
+                message_id = ids.message_id(number, body, routing_key, item)
+            except ValueError as exc:
+                raise DataError(f"{source}:{number}: {exc}") from None
         yield OutgoingMessage(
             body,
-            str(item.get("message_id") or props.get("message_id") or new_message_id()),
+            message_id,
             merged or None,
-            routing_key=item.get("routing_key"),
+            routing_key=routing_key,
             content_type=props.get("content_type"),
             correlation_id=props.get("correlation_id"),
             message_type=props.get("type"),
@@ -148,8 +267,12 @@ async def publish_messages(
     retry_busy: bool = False,
     busy_retries: int = 8,
     progress: Progress | None = None,
+    repeatable_ids: bool = True,
 ) -> PublishReport:
     """Publish ``messages`` persistent, ``mandatory``, with confirms, ``window`` in flight.
+
+    ``repeatable_ids``: whether publishing the same input again gives the same message_ids (see
+    ``IdSource``); it decides what a lost connection's error advises.
 
     A nack (the broker refused: typically a bounded queue with ``overflow=reject-publish``)
     is *busy*: retried with backoff and jitter when ``retry_busy``, else counted. A returned
@@ -200,16 +323,27 @@ async def publish_messages(
         if failures:
             error = failures[0]
             if isinstance(error, RmqkitError):
-                error.args = (
-                    f"{error} — {report.confirmed} message(s) were confirmed before "
-                    "this; the others are unknown: publish them again (duplicates "
-                    "carry the same message_id)",
-                )
+                error.args = (f"{error} — {rerun_advice(report.confirmed, repeatable_ids)}",)
             raise error
         await channel.close()
     finally:
         await conn.close()
     return report
+
+
+def rerun_advice(confirmed: int, repeatable_ids: bool) -> str:
+    """What to do after a run stopped with some messages unconfirmed (their fate unknown)."""
+    done = f"{confirmed} message(s) were confirmed before this; the others are unknown"
+    if repeatable_ids:
+        return (
+            f"{done}: run the same command with the same input again — every message gets the "
+            "same message_id again, so consumers can recognise the ones that arrive twice"
+        )
+    return (
+        f"{done}: publishing the input again repeats the confirmed ones under new random "
+        "message_ids (--random-ids), which consumers cannot recognise as duplicates — check "
+        "what arrived and publish only the missing ones"
+    )
 
 
 async def _send_one(

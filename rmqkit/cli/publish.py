@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
+from dataclasses import replace
 
 import typer
 
@@ -11,10 +13,11 @@ from rmqkit.cli.common import run_async, settings_from
 from rmqkit.cli.render import stderr
 from rmqkit.errors import BrokerUnavailable, DataError, UsageError
 from rmqkit.publish import (
+    IdSource,
     OutgoingMessage,
+    messages_from_bodies,
     messages_from_lines,
     messages_from_ndjson,
-    new_message_id,
     publish_messages,
 )
 
@@ -33,7 +36,20 @@ def publish(
     ),
     header: list[str] = typer.Option([], "--header", help="K=V header on every message."),
     message_id: str | None = typer.Option(
-        None, "--message-id", help="message_id for a single --body (default: generated)."
+        None, "--message-id", help="message_id for a single --body (default: derived, see below)."
+    ),
+    id_from: str | None = typer.Option(
+        None,
+        "--id-from",
+        metavar="FIELD",
+        help="Take each message_id from this field (dotted path): of the NDJSON record "
+        "(e.g. body.order_id), or of each line/--body parsed as JSON (e.g. order_id).",
+    ),
+    random_ids: bool = typer.Option(
+        False,
+        "--random-ids",
+        help="A random message_id per message and run: publishing the same input twice then "
+        "makes new messages, not recognisable duplicates.",
     ),
     content_type: str | None = typer.Option(None, "--content-type"),
     window: int = typer.Option(
@@ -46,7 +62,12 @@ def publish(
 ) -> None:
     """Publish persistent messages with publisher confirms and `mandatory`, each with a stable
     message_id. Exit 65 if some were unroutable; exit 69 if the broker refused some because a
-    bounded queue is full ("busy" — retry later, or use --retry-busy)."""
+    bounded queue is full ("busy" — retry later, or use --retry-busy).
+
+    A message without an explicit id (--message-id, an NDJSON record's message_id) or --id-from
+    gets one derived from the exchange, routing key, its position (line number, or --body index)
+    and body: the same input published again gets the same ids, so after a lost connection a
+    rerun's duplicates can be recognised."""
     settings = settings_from(ctx)
     headers: dict[str, object] = {}
     for item in header:
@@ -56,32 +77,40 @@ def publish(
         headers[key] = value
     if message_id is not None and len(body) != 1:
         raise UsageError("--message-id goes with exactly one --body")
+    if random_ids and (id_from is not None or message_id is not None):
+        raise UsageError("--random-ids goes with neither --id-from nor --message-id")
+    ids = IdSource(exchange, routing_key, field=id_from, random=random_ids)
+    messages: Iterable[OutgoingMessage]
     if body:
-        messages: object = [
-            OutgoingMessage(
-                text.encode(),
-                message_id or new_message_id(),
-                headers or None,
+        messages = list(
+            messages_from_bodies(
+                [text.encode() for text in body],
+                headers=headers or None,
                 content_type=content_type,
+                ids=ids,
             )
-            for text in body
-        ]
+        )
+        if message_id is not None:
+            messages = [replace(messages[0], message_id=message_id)]
     elif sys.stdin.isatty():
         raise UsageError("give --body or pipe messages on stdin (one per line)")
     elif ndjson:
-        messages = list(messages_from_ndjson(sys.stdin.buffer, headers=headers or None))
+        messages = list(messages_from_ndjson(sys.stdin.buffer, headers=headers or None, ids=ids))
     else:
         messages = messages_from_lines(
-            sys.stdin.buffer, headers=headers or None, content_type=content_type
+            sys.stdin.buffer, headers=headers or None, content_type=content_type, ids=ids
         )
+        if id_from is not None:  # every line's id is checked before anything is published
+            messages = list(messages)
     report = run_async(
         publish_messages(
             settings,
             exchange,
             routing_key,
-            messages,  # type: ignore[arg-type]
+            messages,
             window=window,
             retry_busy=retry_busy,
+            repeatable_ids=ids.repeatable,
         )
     )
     if as_json:

@@ -152,3 +152,126 @@ def test_unknown_exchange_and_usage(fresh_vhost: Callable[[], str]) -> None:
     missing = _publish(vhost, "x\n", "ghost", "k")
     assert missing.returncode == 65 and "ghost" in missing.stderr
     assert broker.cli("publish", "ghost", "k", "--message-id", "a", vhost=vhost).returncode == 2
+
+
+# --- finding 7 of issue 9: ids that a rerun repeats -------------------------------------------
+# On the code of 7cb9a46 every run generated fresh uuid4 ids: the two runs below share no id, and
+# after a lost connection the advised rerun ("duplicates carry the same message_id") produced
+# duplicates with new ids (distinct ids = lines + confirmed ones of the first run).
+
+UNBOUNDED = BOUNDED.replace("max_length = 10", "max_length = 100000")
+
+
+def _ids_in_order(vhost: str) -> list[tuple[bytes, str]]:
+    return [(m["body"], m["message_id"]) for m in broker.drain(vhost, "jobs.work")]
+
+
+def test_the_same_input_published_again_gets_the_same_ids(
+    fresh_vhost: Callable[[], str], tmp_path: Path
+) -> None:
+    vhost = fresh_vhost()
+    _declare(vhost, tmp_path, UNBOUNDED)
+    stdin = "same\nother\n\nsame\n" + "".join(f"line {i}\n" for i in range(200))
+    assert _publish(vhost, stdin, "jobs", "job").returncode == 0
+    first = _ids_in_order(vhost)
+    assert _publish(vhost, stdin, "jobs", "job").returncode == 0
+    second = _ids_in_order(vhost)
+    assert first == second and len(first) == 203
+    # identical bodies at different positions (lines 1 and 4) are different messages
+    assert first[0][0] == first[2][0] == b"same" and first[0][1] != first[2][1]
+    assert len({message_id for _, message_id in first}) == 203
+
+    # --random-ids: the old behaviour, asked for
+    assert _publish(vhost, stdin, "jobs", "job", "--random-ids").returncode == 0
+    assert not {i for _, i in _ids_in_order(vhost)} & {i for _, i in first}
+
+    # --body is positional too; the same bodies again give the same ids
+    for _ in range(2):
+        result = broker.cli("publish", "jobs", "job", "--body", "x", "--body", "x", vhost=vhost)
+        assert result.returncode == 0, result.stderr
+    bodies = _ids_in_order(vhost)
+    assert [i for _, i in bodies[:2]] == [i for _, i in bodies[2:]] and bodies[0] != bodies[1]
+
+
+def test_id_from_a_field_of_the_record(fresh_vhost: Callable[[], str], tmp_path: Path) -> None:
+    vhost = fresh_vhost()
+    _declare(vhost, tmp_path, UNBOUNDED)
+    records = [
+        {"body": {"order_id": "o-1", "n": 1}},
+        {"body": {"order_id": 2, "n": 2}},
+        {"body": {"order_id": "o-3"}, "message_id": "explicit"},  # an explicit id wins
+    ]
+    stdin = "".join(json.dumps(r) + "\n" for r in records)
+    result = _publish(vhost, stdin, "jobs", "job", "--ndjson", "--id-from", "body.order_id")
+    assert result.returncode == 0, result.stderr
+    assert [i for _, i in _ids_in_order(vhost)] == ["o-1", "2", "explicit"]
+
+    lines = '{"order_id": "a"}\n{"order_id": "b"}\n'
+    assert _publish(vhost, lines, "jobs", "job", "--id-from", "order_id").returncode == 0
+    assert [i for _, i in _ids_in_order(vhost)] == ["a", "b"]
+
+    # a line without the field: exit 65 naming the line, nothing published
+    bad = _publish(vhost, lines + '{"other": 1}\n', "jobs", "job", "--id-from", "order_id")
+    assert bad.returncode == 65 and "<stdin>:3" in bad.stderr and "order_id" in bad.stderr
+    bad = _publish(vhost, lines + "not json\n", "jobs", "job", "--id-from", "order_id")
+    assert bad.returncode == 65 and "<stdin>:3" in bad.stderr
+    assert broker.depths(vhost, ["jobs.work"])["jobs.work"] == 0
+    usage = _publish(vhost, lines, "jobs", "job", "--id-from", "order_id", "--random-ids")
+    assert usage.returncode == 2
+
+
+def _connections(vhost: str) -> list[str]:
+    response = broker.api("GET", f"/vhosts/{broker.q(vhost)}/connections")
+    return [c["name"] for c in response.json()] if response.status_code == 200 else []
+
+
+def test_after_a_lost_connection_the_advised_rerun_repeats_the_same_ids(
+    fresh_vhost: Callable[[], str], tmp_path: Path
+) -> None:
+    vhost = fresh_vhost()
+    _declare(vhost, tmp_path, UNBOUNDED)
+    lines = [f"line {i}\n" for i in range(3000)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rmqkit", "publish", "jobs", "job", "--window", "50", "--json"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write("".join(lines[:2000]))
+        proc.stdin.flush()
+        assert broker.wait_for(lambda: broker.depths(vhost, ["jobs.work"])["jobs.work"] >= 1900)
+        names = broker.wait_for(lambda: _connections(vhost))
+        assert len(names) == 1, names
+        broker.api("DELETE", f"/connections/{broker.q(names[0])}").raise_for_status()
+        time.sleep(0.5)
+        proc.stdin.write("".join(lines[2000:]))
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()
+    assert proc.returncode not in (0, 1), stderr  # a mapped error, not a traceback
+    first_run = broker.depths(vhost, ["jobs.work"])["jobs.work"]
+    assert first_run is not None and 1900 <= first_run < 3000
+
+    rerun = _publish(vhost, "".join(lines), "jobs", "job")
+    assert rerun.returncode == 0, rerun.stderr
+    held = _ids_in_order(vhost)
+    assert len(held) == first_run + 3000
+    # what the advice promised: the duplicates carry the ids of the first run's copies
+    by_id: dict[str, set[bytes]] = {}
+    for body_, message_id in held:
+        by_id.setdefault(message_id, set()).add(body_)
+    assert len(by_id) == 3000
+    assert all(len(bodies) == 1 for bodies in by_id.values())
+    # ... which is what the error said to do and would happen
+    assert "run the same command with the same input again" in stderr, stderr
+    assert "same message_id again" in stderr
