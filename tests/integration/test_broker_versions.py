@@ -92,6 +92,25 @@ def test_what_counts_toward_the_delivery_limit(fresh_vhost: Callable[[], str], s
         assert (returns, parked) == (3, 1)
 
 
+def test_channel_close_with_the_message_unacked_counts(fresh_vhost: Callable[[], str]) -> None:
+    """A consumer that dies holding the message (channel closed, unacked) spends one delivery
+    attempt on every version, 4.3 included: how the delivery limit catches crash loops."""
+
+    async def body(s: Scenario) -> Any:
+        await s.declare(delivery_limit=5, to_parking=True)
+        await s.publish({"tenant": "t1"})
+        for _ in range(2):
+            channel = await s.channel.connection.channel()
+            taken = await channel.basic_get("orders.work", no_ack=False)
+            assert isinstance(taken.delivery, Basic.GetOk)
+            await channel.close()
+        return raw_headers(await s.take())
+
+    headers = on_fresh_vhost(fresh_vhost, body)
+    assert headers["x-delivery-count"] == 2
+    assert headers.get("x-acquired-count") == (2 if v43() else None)
+
+
 def test_delivery_annotations(fresh_vhost: Callable[[], str]) -> None:
     """x-delivery-count at 0: sent by 3.10/3.11, omitted from 3.12; x-acquired-count from 4.3."""
 
