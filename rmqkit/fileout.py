@@ -19,6 +19,7 @@ Every rmqkit command that writes a file goes through ``SafeOutput``:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from enum import StrEnum
@@ -207,9 +208,8 @@ class SafeOutput:
             try:  # a hard link never replaces: a file created meanwhile is not overwritten
                 os.link(self._tmp, self.path)
             except FileExistsError:
-                raise UsageError(
-                    f"{self.path} was created by someone else meanwhile — pass --force to "
-                    "replace it or --append to add to it"
+                raise OSError(
+                    errno.EEXIST, "the file was created by someone else meanwhile"
                 ) from None
             except OSError:  # a file system without hard links
                 if self.path.exists():
