@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from rmqkit.broker.typed_properties import PROPERTIES
 from rmqkit.cli.common import run_async, settings_from
 from rmqkit.cli.parking_options import (
     ERROR_OPT,
@@ -143,24 +144,10 @@ def show_cmd(
     if message is None:
         raise DataError(f"no message with message_id {message_id!r} in {queue!r}")
     props = message.properties
-    properties = {
-        name: json_safe(getattr(props, name))
-        for name in (
-            "message_id",
-            "correlation_id",
-            "content_type",
-            "content_encoding",
-            "delivery_mode",
-            "priority",
-            "timestamp",
-            "expiration",
-            "message_type",
-            "app_id",
-            "user_id",
-            "reply_to",
-            "cluster_id",
-        )
-        if getattr(props, name, None) is not None
+    properties = {  # every basic property present but the headers (shown apart, redacted)
+        prop.attr: json_safe(getattr(props, prop.attr))
+        for prop in PROPERTIES
+        if prop.name != "headers" and getattr(props, prop.attr, None) is not None
     }
     document = {
         **message.summary(redact=keys),
