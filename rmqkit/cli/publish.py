@@ -77,8 +77,8 @@ def publish(
         headers[key] = value
     if message_id is not None and len(body) != 1:
         raise UsageError("--message-id goes with exactly one --body")
-    if random_ids and (id_from is not None or message_id is not None):
-        raise UsageError("--random-ids goes with neither --id-from nor --message-id")
+    if sum((random_ids, id_from is not None, message_id is not None)) > 1:
+        raise UsageError("give at most one of --message-id, --id-from and --random-ids")
     ids = IdSource(exchange, routing_key, field=id_from, random=random_ids)
     messages: Iterable[OutgoingMessage]
     if body:
