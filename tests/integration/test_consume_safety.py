@@ -162,9 +162,9 @@ def test_graceful_restarts_with_concurrency_below_prefetch_spend_no_attempts(
 
     On 7cb9a46 each stop handed back the 18 prefetched messages no handler had started; on 3.10
     every return counts toward the delivery limit (and the returned ones keep their place at the
-    head), so the same messages came back each time and were parked `delivery_limit` (18 of 60
-    here) with no handler run. Now the prefetch is capped to the concurrency: a consumer holds
-    only messages it is running, and a graceful stop lets them finish.
+    head), so the same messages came back each time and were parked `delivery_limit` (6 of 60
+    when the test first saw parking non-empty). Now the prefetch is capped to the concurrency: a
+    consumer holds only messages it is running, and a graceful stop lets them finish.
     """
     ids = _ids(60)
     broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m, sleep=0.3)) for m in ids])
