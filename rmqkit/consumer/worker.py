@@ -47,7 +47,8 @@ def run_worker(
         # consumer has drained and closed its connection (what did not finish was not acked and
         # comes back), so leave now.
         log.warning(
-            "exiting with %d sync handler call(s) still running; their messages were not acked",
+            "exiting without waiting for %d sync handler call(s) still running "
+            "(nothing unfinished was acked: those messages come back)",
             threads[0].busy,
         )
         logging.shutdown()
