@@ -38,7 +38,7 @@ from rmqkit.errors import UnsupportedDependency
 SUPPORTED: Final = {
     "aio-pika": ">=10.0.0,<11",
     "aiormq": ">=7.2.1,<7.3",
-    "pamqp": ">=4.0.0,<4.1",
+    "pamqp": ">=4.0.1,<4.1",
 }
 """The client-library ranges rmqkit is tested on (pyproject.toml declares exactly these)."""
 
@@ -72,7 +72,7 @@ def versions_text() -> str:
 
 
 def supported_text() -> str:
-    """``aio-pika>=10.0.0,<11, aiormq>=7.2.1,<7.3, pamqp>=4.0.0,<4.1``: the tested ranges."""
+    """``aio-pika>=10.0.0,<11, aiormq>=7.2.1,<7.3, pamqp>=4.0.1,<4.1``: the tested ranges."""
     return ", ".join(f"{name}{spec_}" for name, spec_ in SUPPORTED.items())
 
 

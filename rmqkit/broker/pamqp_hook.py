@@ -30,7 +30,7 @@ from rmqkit.broker.typed_properties import PROPERTIES, TypedProperties
 
 _TYPED_DECODING: ContextVar[bool] = ContextVar("rmqkit_typed_amqp_decoding", default=False)
 SUPPORTED_PAMQP_MAJORS: Final = (4,)
-"""pamqp major versions ``install()`` accepts (4.0.0 and 4.0.1 tested), structure checked too."""
+"""pamqp major versions ``install()`` accepts (4.0.1 tested), its structure checked too."""
 
 _EXPECTED_SLOTS: Final = [p.attr for p in PROPERTIES]
 _EXPECTED_FLAGS: Final = {p.attr: p.flag for p in PROPERTIES}
