@@ -20,6 +20,11 @@ SIGKILL of beam processes whose command line or environment names rmqa/rmqb/rmqc
 fixture's finalizer and from ``atexit``, and is idempotent.
 
 By hand: ``scripts/cluster start|status|stop`` (python -m tests.faults.cluster).
+
+Version: the host's RabbitMQ (3.10) by default. ``RMQKIT_FAULT_CLUSTER_VERSION=4.0`` or ``4.3``
+runs the three nodes under chroot from the Debian root `scripts/broker-up --version 4.0|4.3`
+builds (and mounts /proc and /dev in: run it first), with that root's own rabbitmq-server and
+rabbitmqctl; the nodes' directories are then inside the root (its /var/tmp), the same ports.
 """
 
 from __future__ import annotations
@@ -56,14 +61,40 @@ AMQP_PORT = {"rmqa": 5681, "rmqb": 5682, "rmqc": 5683}
 DIST_OFFSET = 20000
 MGMT_PORT = {name: port + 10000 for name, port in AMQP_PORT.items()}
 AUTH = ("guest", "guest")
-WORK_ROOT = Path(os.environ.get("RMQKIT_CLUSTER_ROOT", "/var/tmp"))
-LOCK_PATH = WORK_ROOT / "rmqkit-fault-cluster.lock"
+# The Debian root per version, as scripts/_brokers.sh names them (none: the host's RabbitMQ).
+SUITES = {"4.0": "trixie", "4.3": "sid"}
+VERSION = os.environ.get("RMQKIT_FAULT_CLUSTER_VERSION", "3.10")
+CHROOT: Path | None = (
+    Path(os.environ.get("RMQKIT_ROOTS", "/var/cache/rmqkit/roots")) / SUITES[VERSION]
+    if VERSION in SUITES
+    else None
+)
+# Lock and state on the host whatever the version: one fault cluster per host (same ports).
+HOST_DIR = Path(os.environ.get("RMQKIT_CLUSTER_ROOT", "/var/tmp"))
+WORK_ROOT = HOST_DIR if CHROOT is None else CHROOT / "var" / "tmp"  # the nodes' directories
+LOCK_PATH = HOST_DIR / "rmqkit-fault-cluster.lock"
 DIR_PREFIX = "rmqkit-fault-cluster-"
 # Written by `scripts/cluster start`: RMQKIT_FAULT_CLUSTER_REUSE=1 runs the suite against that
 # cluster (left running) instead of starting one — for iterating on scenarios by hand.
-STATE_PATH = WORK_ROOT / "rmqkit-fault-cluster.json"
+STATE_PATH = HOST_DIR / "rmqkit-fault-cluster.json"
 MARKER = "-rmqkit_fault_node"  # an erl argument that names our nodes on the beam command line
 T = TypeVar("T")
+
+
+def inside(path: Path) -> str:
+    """``path`` as the nodes see it (relative to the chroot, if they run in one)."""
+    return str(path) if CHROOT is None else "/" + str(path.relative_to(CHROOT))
+
+
+def in_root(command: list[str]) -> list[str]:
+    """``command`` run by the nodes' RabbitMQ: the host's, or the version root's under chroot."""
+    return command if CHROOT is None else ["chroot", str(CHROOT), *command]
+
+
+def _root_env(env: dict[str, str]) -> dict[str, str]:
+    if CHROOT is not None:  # the root's Elixir CLI wants a UTF-8 locale; C.UTF-8 is built in
+        env = {**env, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    return env
 
 
 class ClusterUnavailable(Exception):
@@ -122,17 +153,17 @@ class Node:
             RABBITMQ_NODENAME=self.name,
             RABBITMQ_NODE_PORT=str(self.port),
             RABBITMQ_DIST_PORT=str(self.port + DIST_OFFSET),
-            RABBITMQ_MNESIA_BASE=str(self.dir / "mnesia"),
-            RABBITMQ_LOG_BASE=str(self.dir / "log"),
-            RABBITMQ_PID_FILE=str(self.pid_file),
-            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.dir / "enabled_plugins"),
-            RABBITMQ_CONFIG_FILE=str(self.dir / "rabbitmq.conf"),
+            RABBITMQ_MNESIA_BASE=inside(self.dir / "mnesia"),
+            RABBITMQ_LOG_BASE=inside(self.dir / "log"),
+            RABBITMQ_PID_FILE=inside(self.pid_file),
+            RABBITMQ_ENABLED_PLUGINS_FILE=inside(self.dir / "enabled_plugins"),
+            RABBITMQ_CONFIG_FILE=inside(self.dir / "rabbitmq.conf"),
             RABBITMQ_SERVER_START_ARGS=(
                 f"-rabbitmq_management tcp_config [{{port,{self.mgmt_port}}}]"
             ),
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=f"{MARKER} {self.name}",
         )
-        return env
+        return _root_env(env)
 
     def prepare(self) -> None:
         (self.dir / "mnesia").mkdir(parents=True, exist_ok=True)
@@ -152,7 +183,8 @@ class Node:
 
 
 def _chown_rabbitmq(path: Path) -> None:
-    subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(path)], check=True)
+    # The root's own rabbitmq user (its uid may differ from the host's).
+    subprocess.run(in_root(["chown", "-R", "rabbitmq:rabbitmq", inside(path)]), check=True)
 
 
 def rabbitmqctl(
@@ -161,7 +193,8 @@ def rabbitmqctl(
     """``rabbitmqctl -n NODE ARGS`` (never without -n: that would be the shared default node)."""
     assert not node.startswith("rabbit@"), "the fault harness never drives the default node"
     result = subprocess.run(
-        ["rabbitmqctl", "-q", "-n", node, *args],
+        in_root(["rabbitmqctl", "-q", "-n", node, *args]),
+        env=_root_env(dict(os.environ)),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -269,7 +302,13 @@ class Cluster:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self, lock_timeout_s: float = 600) -> Cluster:
-        if shutil.which("rabbitmq-server") is None or shutil.which("rabbitmqctl") is None:
+        if CHROOT is not None:
+            if not (CHROOT / ".rmqkit-root").is_file() or not os.path.ismount(CHROOT / "proc"):
+                raise ClusterUnavailable(
+                    f"no RabbitMQ {VERSION} root ready at {CHROOT}: "
+                    f"run scripts/broker-up --version {VERSION} first"
+                )
+        elif shutil.which("rabbitmq-server") is None or shutil.which("rabbitmqctl") is None:
             raise ClusterUnavailable("rabbitmq-server/rabbitmqctl not installed")
         if os.geteuid() != 0:
             raise ClusterUnavailable("needs root (nodes run as the rabbitmq user)")
@@ -336,6 +375,7 @@ class Cluster:
         return cluster
 
     def _acquire_lock(self, timeout_s: float) -> None:
+        HOST_DIR.mkdir(parents=True, exist_ok=True)
         WORK_ROOT.mkdir(parents=True, exist_ok=True)
         handle = LOCK_PATH.open("a+")
         deadline = time.monotonic() + timeout_s
@@ -361,7 +401,7 @@ class Cluster:
 
     def _spawn(self, node: Node) -> None:
         result = subprocess.run(
-            ["rabbitmq-server", "-detached"],
+            in_root(["rabbitmq-server", "-detached"]),
             env=node.env(),
             capture_output=True,
             text=True,
