@@ -10,7 +10,7 @@ if a private name is used anywhere else.
 
 Whether the internals still *behave* as rmqkit needs is proven at run time, not assumed from
 attribute names: ``rmqkit.broker.confirms.check_return_handling`` plays a ``basic.return`` of
-a message without a message_id through a real aiormq channel, fed by ``probe_channel`` and
+a message without a message_id through a real aiormq channel, fed by ``open_probe_channel`` and
 ``receive`` below the way aiormq's connection reader feeds it, and refuses to publish (exit 78)
 unless rmqkit's hook saw it. (aiormq 7.2.0 and older bind the reader's frame handlers when the
 channel opens: an instance override of the return handler is never called there, and every
