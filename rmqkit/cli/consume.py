@@ -18,7 +18,12 @@ from rmqkit.consumer.config import (
 )
 from rmqkit.consumer.handler import load_handler
 from rmqkit.consumer.supervisor import run_supervised
-from rmqkit.consumer.wiring import check_wiring, policy_from_snapshot, read_wiring
+from rmqkit.consumer.wiring import (
+    check_wiring,
+    consumer_timeout_s,
+    policy_from_snapshot,
+    read_wiring,
+)
 from rmqkit.errors import AccessRefused, BrokerUnavailable
 from rmqkit.settings import Settings
 from rmqkit.topology import load_topology
@@ -117,7 +122,10 @@ async def _resolve(
     if spec is not None:
         policy = policy_from_topology(spec, queue, flags.max_attempts)
         check_wiring(snapshot, policy)
-        return build_config(handler, queue, policy, flags, spec)
-    policy, consumer_timeout_s = policy_from_snapshot(snapshot, queue, flags.max_attempts)
+        # The queue's consumer timeout (x-consumer-timeout or a policy) bounds the handler
+        # timeout with a topology file too: the file does not say it, the broker does.
+        timeout = consumer_timeout_s(snapshot, queue)
+        return build_config(handler, queue, policy, flags, spec, timeout)
+    policy, queue_timeout_s = policy_from_snapshot(snapshot, queue, flags.max_attempts)
     check_wiring(snapshot, policy, discover_wait=True)
-    return build_config(handler, queue, policy, flags, None, consumer_timeout_s)
+    return build_config(handler, queue, policy, flags, None, queue_timeout_s)

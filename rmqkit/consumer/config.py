@@ -111,10 +111,20 @@ def build_config(
     consumer_timeout_s = broker_consumer_timeout_s or BROKER_CONSUMER_TIMEOUT_S
     warnings: list[str] = []
     if timeout_s >= consumer_timeout_s:
+        source = (
+            f"queue {queue!r} has a consumer timeout of {consumer_timeout_s:g}s "
+            "(x-consumer-timeout or a policy)"
+            if broker_consumer_timeout_s
+            else f"the broker's consumer timeout is assumed to be the default "
+            f"{consumer_timeout_s:g}s (rabbitmq.conf consumer_timeout cannot be read through "
+            "the management API)"
+        )
         warnings.append(
-            f"handler timeout {timeout_s:g}s is not below the broker's consumer timeout "
-            f"{consumer_timeout_s:g}s: a slow handler would get its channel closed and its "
-            "messages redelivered"
+            f"handler timeout {timeout_s:g}s is not below the consumer timeout: {source}. A "
+            "handler running that long gets its consumer cancelled (4.3) or its channel closed "
+            "(up to 4.2); the consumer reconnects and the message is redelivered, and on 4.3 "
+            "such returns do not count toward the delivery limit, so it can loop — set "
+            "--handler-timeout below it"
         )
     if not policy.wait_queues:
         warnings.append(

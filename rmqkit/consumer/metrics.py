@@ -23,6 +23,10 @@ Series (all prefixed ``rmqkit_consumer_``):
                                   threads cannot be stopped)
 ``handler_threads_``   counter    times stuck calls held all the spare handler threads and the
 ``exhausted_total``               worker process was recycled
+``copies_refused_``    counter    retry/park copies the broker refused (nack: a full bounded
+``total``                         queue; return: no such queue), by ``target`` queue
+``cancelled_by_``      counter    times the broker cancelled the consumer (consumer timeout on
+``broker_total``                  4.3, queue deleted); the consumer then reconnects
 =====================  =========  ===============================================================
 
 ``HealthServer`` is a minimal asyncio HTTP/1.1 server for the metrics port: ``GET /metrics``
@@ -126,6 +130,8 @@ class ConsumerMetrics:
         self._reconnects = 0
         self._stuck_handlers = 0
         self._threads_exhausted = 0
+        self._copies_refused: dict[str, int] = {}
+        self._cancelled_by_broker = 0
         self.threads_exhausted_now = False  # until the worker is recycled: not ready
         self.connected = False
         self.consuming = False
@@ -183,6 +189,15 @@ class ConsumerMetrics:
         """Stuck calls hold the handler threads: counted, and /readyz fails from now on."""
         self._threads_exhausted += 1
         self.threads_exhausted_now = True
+
+    def copy_refused(self, target: str) -> None:
+        """A retry/park copy to ``target`` was refused (nacked or returned)."""
+        self._copies_refused[target] = self._copies_refused.get(target, 0) + 1
+
+    def cancelled_by_broker(self) -> None:
+        """The broker cancelled this consumer (basic.cancel)."""
+        self._cancelled_by_broker += 1
+        self.consuming = False
 
     def heartbeat(self) -> None:
         """Called periodically by the runner's loop; ``/healthz`` fails when it stops."""
@@ -285,6 +300,19 @@ class _Collector(Collector):
             "handler_threads_exhausted",
             "Times stuck handler calls held all spare handler threads (worker recycled).",
             m._threads_exhausted,
+        )
+        refused = CounterMetricFamily(
+            f"{PREFIX}_copies_refused",
+            "Retry/park copies the broker refused (nacked or returned), by target queue.",
+            labels=["queue", "target"],
+        )
+        for target, count in list(m._copies_refused.items()):
+            refused.add_metric([m.queue, target], count)
+        yield refused
+        yield counter(
+            "cancelled_by_broker",
+            "Times the broker cancelled the consumer (consumer timeout, queue deleted).",
+            m._cancelled_by_broker,
         )
 
 

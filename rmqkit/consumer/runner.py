@@ -4,8 +4,14 @@ Hot path (per delivery): aiormq hands each delivery to ``_on_delivery`` as its o
 handler runs; success marks the tag finished and the flusher acks the finished prefix with
 ``multiple=True`` every few milliseconds. A failure becomes a copy (retry → wait queue, park →
 parking queue) published with confirms and ``mandatory``; the original is marked finished only
-when the copy is confirmed. A nack or return leaves the original to come back (nacked with
-requeue), never acked.
+when the copy is confirmed. A nack or return leaves the original to come back, never acked: it
+is held for a backoff per target queue, then put back with basic.reject(requeue=True), which
+counts toward the delivery limit on every version (rmqkit.consumer.refusals).
+
+A basic.cancel from the broker (4.3: the queue's consumer timeout; any version: the queue was
+deleted) is treated like a lost channel: logged, ``consuming`` false (``/readyz`` fails), and the
+connection is reopened with backoff; acks of handlers still running on the old channel are
+dropped and those messages come back.
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import socket
 from datetime import UTC, datetime
 from time import monotonic, perf_counter
@@ -45,6 +50,7 @@ from rmqkit.consumer.handler import LoadedHandler, run_handler
 from rmqkit.consumer.logs import current_message
 from rmqkit.consumer.message import Message
 from rmqkit.consumer.metrics import ConsumerMetrics
+from rmqkit.consumer.refusals import Backoff, RefusedCopies
 from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
 from rmqkit.headers import ATTEMPT
@@ -53,7 +59,6 @@ from rmqkit.settings import Settings, mask_url
 log = logging.getLogger("rmqkit.consumer")
 HOST = socket.gethostname()
 _PERSISTENT = 2
-_NACK_BACKOFF_S = 1.0  # before requeueing a message whose copy was refused: no hot loop
 CAUTIOUS_SETTLED = 10
 # ...and for at least this long: a message that crashes workers comes back within seconds of
 # each crash (restart backoff 0.2 s, 0.4 s, …); every worker must still be cautious then, or it
@@ -61,19 +66,11 @@ CAUTIOUS_SETTLED = 10
 CAUTIOUS_MIN_S = 15.0
 
 
-class Backoff:
-    """Exponential backoff with full jitter (seed 001): sleep uniform(0, min(cap, base*2^n))."""
+class ConsumerCancelled(ConnectionError):
+    """The broker cancelled our consumer (basic.cancel): reconnect as after a lost channel."""
 
-    def __init__(self, base_s: float = 0.5, cap_s: float = 30.0) -> None:
-        self.base_s, self.cap_s, self.failures = base_s, cap_s, 0
 
-    def next_delay(self) -> float:
-        ceiling = min(self.cap_s, self.base_s * (2**self.failures))
-        self.failures += 1
-        return random.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self.failures = 0
+__all__ = ["Backoff", "Consumer", "ConsumerCancelled"]
 
 
 def _as_datetime(value: object) -> datetime | None:
@@ -121,6 +118,7 @@ class Consumer:
         self._publisher: ConfirmedPublisher | None = None  # the current channel's
         self._wait_queues = config.policy.all_wait_queues
         self._permanent = frozenset(config.policy.permanent_errors)
+        self._refusals = RefusedCopies(metrics, consumer_timeout_s=config.consumer_timeout_s)
         # Never hold more messages than can start: a prefetched message no handler started is
         # handed back at every stop or restart, and each return spends one of its delivery
         # attempts (issue 9, finding 12). So the prefetch is the concurrency, and every
@@ -198,7 +196,8 @@ class Consumer:
                 delay = backoff.next_delay()
                 # What broke the connection may be a message (a frame the client cannot read):
                 # come back cautious, so it spends only its own delivery attempts.
-                self._enter_cautious()
+                if not isinstance(exc, ConsumerCancelled):
+                    self._enter_cautious()
                 log.warning(
                     "connection lost (%s: %s); reconnecting in %.1fs",
                     type(exc).__name__,
@@ -233,6 +232,17 @@ class Consumer:
         tracker = AckTracker()
         self._tracker = tracker
         flusher = asyncio.create_task(self._flusher(channel, tracker))
+        cancelled: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def on_cancel(frame: Any) -> None:
+            # Only a broker-initiated basic.cancel gets here (aiormq has already answered it);
+            # ours (drain, leaving cautious mode) end with cancel-ok and are not reported.
+            tag = str(frame.consumer_tag)
+            if tag == self._consumer_tag and not cancelled.done():
+                cancelled.set_result(tag)
+                self.metrics.cancelled_by_broker()
+
+        channel.on_consumer_cancel_callbacks.add(on_cancel)
         consume_ok = await channel.basic_consume(self.config.queue, self._on_delivery, no_ack=False)
         self._consumer_tag = str(consume_ok.consumer_tag)
         self.metrics.set_connected(True)
@@ -246,12 +256,27 @@ class Consumer:
         stop_wait = asyncio.ensure_future(self._stop.wait())
         closing = asyncio.ensure_future(channel.closing)
         try:
-            done, _ = await asyncio.wait({stop_wait, closing}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {stop_wait, closing, cancelled}, return_when=asyncio.FIRST_COMPLETED
+            )
             if closing in done or channel.is_closed:
                 tracker.alive = False
                 raise ConnectionError(f"channel closed: {_closing_reason(channel)}")
+            if cancelled in done:
+                tracker.alive = False
+                log.error(
+                    "the broker cancelled consumer %s on %s (the queue's consumer timeout %gs "
+                    "passed with a message unacked, or the queue was deleted); no deliveries "
+                    "until reconnected; %d handler(s) still running, their messages come back",
+                    cancelled.result(),
+                    self.config.queue,
+                    self.config.consumer_timeout_s,
+                    self._in_flight,
+                )
+                raise ConsumerCancelled(f"consumer {cancelled.result()} cancelled by the broker")
             await self._drain(channel, self._consumer_tag, tracker)
         finally:
+            channel.on_consumer_cancel_callbacks.discard(on_cancel)
             stop_wait.cancel()
             closing.cancel()
             tracker.alive = False
@@ -476,6 +501,7 @@ class Consumer:
             return
         if outcome is Outcome.CONFIRMED:
             self._finished(tracker, tag)
+            self._refusals.confirmed(decision.target_queue)
             if isinstance(decision, Park):
                 self.metrics.parked(decision.reason.value)
                 log.warning(
@@ -494,17 +520,14 @@ class Consumer:
                 )
             return
         # Nacked (e.g. a full queue with reject-publish) or returned (no such queue): the copy
-        # does not exist, so the original must not be acked. Requeue it after a pause.
-        log.error(
-            "copy to %s was refused (%s); requeueing the original",
-            decision.target_queue,
-            outcome.value,
-            extra=extra,
-        )
-        await asyncio.sleep(_NACK_BACKOFF_S)
+        # does not exist, so the original must not be acked. Hold it for the target's backoff
+        # (cut short by a stop), then put it back with a reject: unlike nack-requeue on 4.3,
+        # that counts toward the delivery limit, so the broker parks it in the end.
+        delay = self._refusals.refused(decision.target_queue, outcome.value, extra)
+        await self._sleep_unless_stopped(delay)
         if tracker.alive and not channel.is_closed:
             try:
-                await channel.basic_nack(tag, requeue=True)
+                await channel.basic_reject(tag, requeue=True)
                 tracker.settled_elsewhere(tag)
             except Exception:
                 pass

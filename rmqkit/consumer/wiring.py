@@ -32,10 +32,11 @@ from rmqkit.health.view import (
     QueueView,
     Snapshot,
     applying_policy,
+    number,
     read_snapshot,
 )
 
-__all__ = ["check_wiring", "policy_from_snapshot", "read_wiring"]
+__all__ = ["check_wiring", "consumer_timeout_s", "policy_from_snapshot", "read_wiring"]
 
 
 async def read_wiring(api: ManagementClient) -> Snapshot:
@@ -65,7 +66,6 @@ def policy_from_snapshot(
         if delay is not None and queue in (snapshot.dead_letter_targets(view) or []):
             tiers.setdefault(delay, []).append(name)
     delays = sorted(tiers)
-    timeout = work.settings.get("consumer-timeout")
     return (
         QueuePolicy(
             queue=queue,
@@ -74,8 +74,20 @@ def policy_from_snapshot(
             max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
             wait_queues=tuple(tuple(sorted(tiers[d], key=_slot_order)) for d in delays),
         ),
-        float(timeout) / 1000 if isinstance(timeout, int) else None,
+        consumer_timeout_s(snapshot, queue),
     )
+
+
+def consumer_timeout_s(snapshot: Snapshot, queue: str) -> float | None:
+    """The work queue's own consumer timeout in seconds (3.12+: the ``x-consumer-timeout``
+    argument or a policy's ``consumer-timeout``, the lower one in effect), or None when neither
+    sets one. The broker-wide default (``consumer_timeout`` in rabbitmq.conf, 30 min unless
+    changed) cannot be read through the management API; callers assume the default then."""
+    view = snapshot.queues.get(queue)
+    if view is None:
+        return None
+    value = number(view.settings.get("consumer-timeout"))
+    return value / 1000 if value is not None and value > 0 else None
 
 
 def wait_tier_of(name: str, queue: str) -> int | None:
