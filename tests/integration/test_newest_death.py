@@ -34,7 +34,11 @@ async def _declare(vhost: str) -> None:
     conn = await aiormq.connect(with_vhost(broker.BASE_URL, vhost))
     try:
         channel = await conn.channel()
-        await channel.queue_declare(PARKING, durable=True, arguments={"x-queue-type": "quorum"})
+        await channel.queue_declare(
+            PARKING,
+            durable=True,
+            arguments={"x-queue-type": "quorum", **broker.no_delivery_limit()},
+        )
         await channel.queue_declare(
             WORK,
             durable=True,

@@ -81,7 +81,11 @@ def test_ndjson_carries_headers_properties_and_ids(
     assert result.returncode == 0, result.stderr
     got = {m["message_id"]: m for m in broker.drain(vhost, "jobs.work")}
     assert got["m-1"]["body"] == b"plain"
-    assert got["m-1"]["headers"] == {"tenant": "t1", "source": "test", "x-delivery-count": 0}
+    # x-delivery-count: 0 is there on 3.10/3.11 only (omitted at 0 from 3.12)
+    assert {k: v for k, v in got["m-1"]["headers"].items() if k != "x-delivery-count"} == {
+        "tenant": "t1",
+        "source": "test",
+    }
     assert got["m-2"]["body"] == b'{"order": 7}' and got["m-3"]["body"] == b"\x00\xff"
     bad = _publish(vhost, '{"body": "x"}\n{"nope": 1}\n', "jobs", "job", "--ndjson")
     assert bad.returncode == 65 and "<stdin>:2" in bad.stderr

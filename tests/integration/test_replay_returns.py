@@ -41,7 +41,11 @@ def test_returned_copies_stay_parked_with_shared_and_missing_ids(vhost: str) -> 
         conn = await aiormq.connect(with_vhost(broker.BASE_URL, vhost))
         channel = await conn.channel()
         await channel.queue_declare("r.present", durable=True)
-        await channel.queue_declare(PARKING, durable=True, arguments={"x-queue-type": "quorum"})
+        await channel.queue_declare(
+            PARKING,
+            durable=True,
+            arguments={"x-queue-type": "quorum", **broker.no_delivery_limit()},
+        )
         await conn.close()
 
     broker.run(declare())

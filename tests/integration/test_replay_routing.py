@@ -46,7 +46,9 @@ async def _declare(vhost: str) -> None:
             arguments={"alternate-exchange": "o.ae"},
         )
         quorum = {"x-queue-type": "quorum"}
-        await channel.queue_declare(PARKING, durable=True, arguments=quorum)
+        await channel.queue_declare(
+            PARKING, durable=True, arguments={**quorum, **broker.no_delivery_limit()}
+        )
         await channel.queue_declare(
             WORK,
             durable=True,
