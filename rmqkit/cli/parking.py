@@ -230,8 +230,17 @@ def replay_cmd(
     header: list[str] = HEADER_OPT,
     ids: list[str] = ID_OPT,
     grep: str | None = GREP_OPT,
-    to_exchange: str | None = typer.Option(None, "--to-exchange", help="Override the target."),
-    routing_key: str | None = typer.Option(None, "--routing-key", help="Override the key."),
+    to_exchange: str | None = typer.Option(
+        None,
+        "--to-exchange",
+        help="Send to this exchange instead, routed with each message's original routing key "
+        "(a message with none stays parked) unless --routing-key is given.",
+    ),
+    routing_key: str | None = typer.Option(
+        None,
+        "--routing-key",
+        help="Route with this key (on the default exchange, a key is a queue name).",
+    ),
     rate: float | None = typer.Option(None, "--rate", min=0.01, help="Messages per second."),
     limit: int | None = typer.Option(None, "--limit", min=1),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
