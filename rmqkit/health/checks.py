@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rmqkit.broker.policies import DEFAULT_SOURCE_4X
 from rmqkit.consumer.config import BROKER_CONSUMER_TIMEOUT_S
 from rmqkit.health.findings import (
     SEVERITY_RANK,
@@ -19,7 +20,7 @@ from rmqkit.health.findings import (
     Finding,
     Severity,
 )
-from rmqkit.health.view import QUORUM_DEFAULT_DELIVERY_LIMIT_4X, QueueView, count
+from rmqkit.health.view import QueueView, count
 
 # Per-queue consumer timeouts (x-consumer-timeout / policy key) exist since 3.12; before that
 # only rabbitmq.conf's consumer_timeout (default BROKER_CONSUMER_TIMEOUT_S) applies.
@@ -52,14 +53,11 @@ def quorum_without_dead_letter(inp: DoctorInput) -> list[Finding]:
     for queue in _plain_queues(inp):
         if queue.type != "quorum" or queue.dead_letter_exchange is not None:
             continue
-        limit = count(queue.settings.get("delivery-limit"))
-        source = queue.source("delivery-limit")
+        # The limit the broker enforces (rmqkit.broker.policies): 20 on 4.x unless set,
+        # none for a negative setting, none on 3.x unless set.
+        limit, source = queue.delivery_limit, queue.delivery_limit_source
         if limit is None:
-            if not v4:
-                continue  # 3.x: no limit unless set, nothing is dropped at a limit
-            limit, source = QUORUM_DEFAULT_DELIVERY_LIMIT_4X, "the 4.x default"
-        elif limit < 0:
-            continue  # unlimited (4.x)
+            continue
         found.append(
             Finding(
                 "quorum-no-dead-letter",
@@ -197,15 +195,15 @@ def parking_limit_or_ttl(inp: DoctorInput) -> list[Finding]:
                 "is deleted, with its messages, once unused that long"
             )
         if queue.type == "quorum":
-            limit = count(settings.get("delivery-limit"))
-            if limit is None and v4:
+            limit = queue.delivery_limit
+            if limit is not None and queue.delivery_limit_source == DEFAULT_SOURCE_4X:
                 problems.append(
-                    f"no delivery-limit, so the 4.x default {QUORUM_DEFAULT_DELIVERY_LIMIT_4X} "
+                    f"no delivery-limit, so the 4.x default {limit} "
                     "applies: each browse (`rmqkit parking list/replay`) spends an attempt"
                 )
-            elif limit is not None and limit >= 0:
+            elif limit is not None:
                 problems.append(
-                    f"delivery-limit {limit} ({queue.source('delivery-limit')}): each browse "
+                    f"delivery-limit {limit} ({queue.delivery_limit_source}): each browse "
                     "(`rmqkit parking list/replay`) spends an attempt, and rmqkit refuses to "
                     "browse it"
                 )

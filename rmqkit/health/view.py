@@ -10,27 +10,20 @@ that never saw a message); every accessor returns None for a number it cannot kn
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rmqkit.broker import policies as policies_mod
 from rmqkit.broker.amqp import parse_version
 from rmqkit.broker.management import ManagementClient
+from rmqkit.broker.policies import (
+    QUORUM_DEFAULT_DELIVERY_LIMIT_4X,
+    Version,
+    as_policy,
+    resolve_queue,
+)
 
 Role = Literal["work", "wait", "parking", "other"]
-Version = tuple[int, int, int]
-
-# Numeric settings: where an argument, the policy and an operator policy all set one, the
-# lowest wins (delivery-limit has its own rule on 4.x, see ``_delivery_limit``).
-_NUMERIC = frozenset(
-    {"message-ttl", "expires", "max-length", "max-length-bytes", "consumer-timeout"}
-)
-_APPLY_TO = {
-    "classic": frozenset({"all", "queues", "classic_queues"}),
-    "quorum": frozenset({"all", "queues", "quorum_queues"}),
-    "stream": frozenset({"all", "queues", "streams"}),
-}
-QUORUM_DEFAULT_DELIVERY_LIMIT_4X = 20
 
 
 def number(value: Any) -> float | None:
@@ -57,36 +50,18 @@ def policy_applies(policy: dict[str, Any], name: str, queue_type: str | None) ->
 
     ``queue_type`` None means an exchange.
     """
-    apply_to = str(policy.get("apply-to", "all"))
-    if queue_type is None:
-        if apply_to not in ("all", "exchanges"):
-            return False
-    elif apply_to not in _APPLY_TO.get(queue_type, _APPLY_TO["classic"]):
-        return False
-    try:
-        return re.search(str(policy.get("pattern", "")), name) is not None
-    except re.error:
-        return False
+    return as_policy(policy).applies_to(name, queue_type)
 
 
 def applying_policy(
     policies: list[dict[str, Any]], name: str, queue_type: str | None
 ) -> dict[str, Any] | None:
-    """The one policy the broker applies: the highest priority among those that match."""
-    matching = [p for p in policies if policy_applies(p, name, queue_type)]
-    if not matching:
+    """The one policy the broker applies (``rmqkit.broker.policies.applying_policy``), as the
+    management API listed it."""
+    chosen = policies_mod.applying_policy(policies, name, queue_type)
+    if chosen is None:
         return None
-    return max(matching, key=lambda p: (int(p.get("priority", 0) or 0), str(p.get("name", ""))))
-
-
-def _delivery_limit(values: list[float], version: Version) -> int | None:
-    if not values:
-        return None
-    # 4.x resolves a negative (unlimited) value against a positive one with max(), so the
-    # positive one wins; otherwise the lowest wins, as for every numeric key.
-    if version >= (4, 0, 0) and any(v < 0 for v in values):
-        return int(max(values))
-    return int(min(values))
+    return next(p for p in policies if as_policy(p) == chosen)
 
 
 @dataclass(frozen=True)
@@ -102,6 +77,9 @@ class QueueView:
     settings: dict[str, Any]  # in effect, policy-key form ("message-ttl", …)
     sources: dict[str, str]  # setting → where it comes from ("argument", "policy 'p'", …)
     raw: dict[str, Any] = field(repr=False)
+    # The delivery limit the broker enforces (quorum): None = none; 20 on 4.x unless set.
+    delivery_limit: int | None = None
+    delivery_limit_source: str = ""  # e.g. "argument", "policy 'p'", "the 4.x default"
 
     @property
     def ready(self) -> int | None:
@@ -167,63 +145,24 @@ def effective_queue(
     operator_policies: list[dict[str, Any]],
     version: Version,
 ) -> QueueView:
-    """A queue's settings in effect, by the broker's precedence rules (rabbitmq-facts.md).
+    """A queue's settings in effect, by the broker's rules (``rmqkit.broker.policies``).
 
     Worked out from the policy list rather than ``effective_policy_definition``, which lags a
     policy change by up to the stats interval.
     """
-    name = str(raw.get("name", ""))
-    qtype = str(raw.get("type") or "classic")
-    arguments = dict(raw.get("arguments") or {})
-    args = {k[2:]: v for k, v in arguments.items() if isinstance(k, str) and k.startswith("x-")}
-    args.pop("queue-type", None)
-    policy = applying_policy(policies, name, qtype)
-    operator = applying_policy(operator_policies, name, qtype)
-    pol: dict[str, Any] = dict((policy or {}).get("definition") or {})
-    op: dict[str, Any] = dict((operator or {}).get("definition") or {})
-    pol_label = f"policy {policy.get('name')!r}" if policy else "policy"
-    op_label = f"operator policy {operator.get('name')!r}" if operator else "operator policy"
-    settings: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for key in sorted(set(args) | set(pol) | set(op)):
-        candidates = [
-            (label, value)
-            for label, value in (("argument", args.get(key)), (pol_label, pol.get(key)))
-            if value is not None
-        ]
-        if key in _NUMERIC or key == "delivery-limit":
-            if op.get(key) is not None:
-                candidates.append((op_label, op[key]))
-            numeric = [(label, number(v)) for label, v in candidates]
-            present = [(label, v) for label, v in numeric if v is not None]
-            if not present:
-                continue
-            if key == "delivery-limit":
-                chosen = _delivery_limit([v for _, v in present], version)
-            else:
-                chosen = int(min(v for _, v in present))
-            settings[key] = chosen
-            sources[key] = next(label for label, v in present if v == chosen)
-            continue
-        if not candidates:
-            continue
-        # Candidates are in order (argument, policy): the argument wins for dead-letter keys
-        # and everything else, except overflow on quorum queues, where the policy wins.
-        if key == "overflow" and qtype == "quorum":
-            candidates.sort(key=lambda item: item[0] == "argument")
-        label, value = candidates[0]
-        settings[key] = value
-        sources[key] = label
+    found = resolve_queue(raw, policies, operator_policies, version)
     return QueueView(
-        name=name,
-        type=qtype,
+        name=str(raw.get("name", "")),
+        type=str(raw.get("type") or "classic"),
         durable=bool(raw.get("durable", True)),
         exclusive=bool(raw.get("exclusive", False)),
         auto_delete=bool(raw.get("auto_delete", False)),
-        arguments=arguments,
-        settings=settings,
-        sources=sources,
+        arguments=dict(raw.get("arguments") or {}),
+        settings=found.settings,
+        sources=found.sources,
         raw=raw,
+        delivery_limit=found.delivery_limit,
+        delivery_limit_source=found.delivery_limit_source,
     )
 
 

@@ -39,9 +39,9 @@ import aiormq
 from aiormq.abc import DeliveredMessage
 
 from rmqkit.broker.management import ManagementClient
+from rmqkit.broker.policies import DEFAULT_SOURCE_4X, resolve_queue
 from rmqkit.errors import BrokerError, BrokerUnavailable, DataError
 from rmqkit.parking.model import ParkedMessage
-from rmqkit.topology.plan import matching_policies
 
 MAX_WINDOW = 60_000  # prefetch_count is 16-bit; larger queues are browsed in several passes
 IDLE_CHECK_S = 2.0  # no delivery for this long: ask the broker whether more are ready
@@ -105,10 +105,9 @@ async def check_browsable(
         raise DataError(f"{queue!r} is a stream: streams cannot be browsed with acks or replayed")
     if qtype != "quorum":
         return dict(found)
-    limit, source = _delivery_limit(found, await api.policies())
-    if limit is None and broker_version >= (4, 0, 0):
-        limit, source = 20, "the 4.x default for quorum queues"
-    if limit is not None and limit >= 0:
+    policies, operator_policies = await asyncio.gather(api.policies(), api.operator_policies())
+    limit, source = _delivery_limit(found, policies, operator_policies, broker_version)
+    if limit is not None:
         raise DataError(
             f"parking queue {queue!r} has a delivery limit of {limit} (from {source}): browsing "
             "returns messages to the queue, each return counts as a delivery, and at the limit "
@@ -118,28 +117,29 @@ async def check_browsable(
 
 
 def _delivery_limit(
-    queue: dict[str, Any], policies: list[dict[str, Any]]
+    queue: dict[str, Any],
+    policies: list[dict[str, Any]],
+    operator_policies: list[dict[str, Any]],
+    version: tuple[int, int, int],
 ) -> tuple[int | None, str]:
-    arg = (queue.get("arguments") or {}).get("x-delivery-limit")
-    policy_def = queue.get("effective_policy_definition") or {}
-    policy_name = queue.get("policy")
-    if not policy_def:  # the management API's view lags a policy change: work it out
-        matching = matching_policies(policies, str(queue.get("name", "")))
-        if matching:
-            top = max(matching, key=lambda p: int(p.get("priority", 0)))
-            policy_def, policy_name = top.get("definition") or {}, top.get("name")
-    pol = policy_def.get("delivery-limit")
-    values = [
-        (v, s)
-        for v, s in ((arg, "its x-delivery-limit argument"), (pol, f"policy {policy_name!r}"))
-        if isinstance(v, int)
-    ]
-    if not values:
-        return None, ""
-    return min(values, key=lambda vs: vs[0])
+    """The delivery limit the broker enforces on ``queue`` (None: none) and where it comes
+    from, by the one resolver doctor and plan use (worked out from the policy lists, since the
+    management API's ``effective_policy_definition`` lags a policy change)."""
+    found = resolve_queue(queue, policies, operator_policies, version)
+    source = found.delivery_limit_source
+    if source == "argument":
+        source = "its x-delivery-limit argument"
+    elif source == DEFAULT_SOURCE_4X:
+        source = "the 4.x default for quorum queues"
+    return found.delivery_limit, source
 
 
 def _limit_fix(queue: str, source: str) -> str:
+    if source.startswith("operator policy"):
+        return (
+            f"{source} sets it, and an operator policy's limit wins over a user policy's -1: "
+            "ask the operator to exclude this queue from its pattern"
+        )
     if source.startswith("its x-delivery-limit"):
         return (
             "the argument is fixed at declaration: declare a parking queue with `rmqkit declare`, "

@@ -6,11 +6,20 @@ unit-testable; ``read_live_state`` is the only I/O here.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rmqkit.broker.amqp import parse_version
 from rmqkit.broker.management import ManagementClient
+from rmqkit.broker.policies import (
+    Effective,
+    Policy,
+    Version,
+    applying_policy,
+    as_policy,
+    resolve,
+    resolve_queue,
+)
 from rmqkit.topology.expand import (
     MANAGED_KEYS,
     POLICY_PREFIX,
@@ -24,15 +33,8 @@ from rmqkit.topology.expand import (
 
 Action = Literal["create", "change", "in-sync", "conflict", "orphan"]
 Kind = Literal["exchange", "queue", "policy", "binding"]
-NUMERIC_KEYS = frozenset(
-    {"message-ttl", "max-length", "max-length-bytes", "delivery-limit", "expires"}
-)
-# Where an argument and a policy both set a key: dead-letter settings → the argument wins;
-# overflow on quorum queues → the policy wins; numeric limits → the lower value wins.
-ARGUMENT_WINS = frozenset(
-    {"dead-letter-exchange", "dead-letter-routing-key", "dead-letter-strategy"}
-)
-QUEUE_APPLY_TO = frozenset({"all", "queues", "quorum_queues"})
+# Without the broker's version (a LiveState built by hand), plan assumes expand's default.
+DEFAULT_VERSION: Version = (3, 10, 0)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class LiveState:
     bindings: list[dict[str, Any]]
     policies: dict[str, dict[str, Any]]
     operator_policies: list[dict[str, Any]] = field(default_factory=list)
+    # The broker's version (``/api/overview``): the delivery-limit rules differ on 4.x.
+    version: Version = DEFAULT_VERSION
 
 
 @dataclass(frozen=True)
@@ -104,38 +108,39 @@ def to_policy_keys(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def effective_settings(
-    arguments: dict[str, Any], policy: dict[str, Any], operator: dict[str, Any]
+    arguments: dict[str, Any],
+    policy: dict[str, Any],
+    operator: dict[str, Any],
+    *,
+    version: Version = DEFAULT_VERSION,
+    queue_type: str = "quorum",
 ) -> dict[str, Any]:
-    """The settings a quorum queue ends up with, by the broker's precedence rules."""
-    result: dict[str, Any] = {}
-    for key in MANAGED_KEYS:
-        arg, pol = arguments.get(key), policy.get(key)
-        if key in NUMERIC_KEYS:
-            values = [v for v in (arg, pol, operator.get(key)) if isinstance(v, int)]
-            value = min(values) if values else None
-        elif key in ARGUMENT_WINS:
-            value = arg if arg is not None else pol
-        else:
-            value = pol if pol is not None else arg
-        if value is not None:
-            result[key] = value
-    return result
+    """The managed settings a queue ends up with (``rmqkit.broker.policies.resolve``), from
+    its arguments and the definitions of the applying policy and operator policy, all in
+    policy-key form."""
+    return _managed(
+        resolve(
+            queue_type,
+            {"x-" + key: value for key, value in arguments.items()},
+            Policy("", definition=policy) if policy else None,
+            Policy("", definition=operator) if operator else None,
+            version,
+        )
+    )
 
 
-def matching_policies(
-    policies: dict[str, dict[str, Any]] | list[dict[str, Any]], queue: str
-) -> list[dict[str, Any]]:
-    items = policies.values() if isinstance(policies, dict) else policies
-    found = []
-    for policy in items:
-        if policy.get("apply-to", "all") not in QUEUE_APPLY_TO:
-            continue
-        try:
-            if re.search(str(policy.get("pattern", "")), queue):
-                found.append(policy)
-        except re.error:
-            continue
-    return found
+def _managed(found: Effective) -> dict[str, Any]:
+    return {key: value for key, value in found.settings.items() if key in MANAGED_KEYS}
+
+
+def queue_settings(live: LiveState, name: str) -> dict[str, Any]:
+    """The managed settings in effect now on existing queue ``name``, as plan sees them (the
+    same resolver as doctor's ``effective_queue``); {} for a queue that does not exist."""
+    found = live.queues.get(name)
+    if found is None:
+        return {}
+    policies = list(live.policies.values())
+    return _managed(resolve_queue(found, policies, live.operator_policies, live.version))
 
 
 def _fmt(value: Any) -> str:
@@ -174,11 +179,12 @@ def _queue_changes(
     changes: list[Change] = []
     found = live.queues.get(spec.name)
     ours = policy_name(spec.name)
-    others = [p for p in matching_policies(live.policies, spec.name) if p.get("name") != ours]
-    top_other = max(others, key=lambda p: int(p.get("priority", 0)), default=None)
-    operator: dict[str, Any] = {}
-    for op in matching_policies(live.operator_policies, spec.name):
-        operator.update(op.get("definition") or {})
+    # A queue to be created will be a quorum queue; an existing one has the type it has.
+    qtype = "quorum" if found is None else str(found.get("type") or "classic")
+    others = [p for p in live.policies.values() if p.get("name") != ours]
+    top = applying_policy(others, spec.name, qtype)
+    top_other = next((p for p in others if as_policy(p) == top), None) if top else None
+    operator = applying_policy(live.operator_policies, spec.name, qtype)
 
     if found is None:
         action: Action = "create"
@@ -187,7 +193,6 @@ def _queue_changes(
     else:
         action, detail = "in-sync", ""
         live_args = dict(found.get("arguments") or {})
-        qtype = found.get("type", "classic")
         if qtype != "quorum":
             return [
                 Change(
@@ -240,11 +245,13 @@ def _queue_changes(
                     "queue",
                 ),
             ]
-        policy_def = spec.settings
-        effective = effective_settings(to_policy_keys(live_args), policy_def, operator)
+        after = resolve(
+            qtype, live_args, Policy(ours, definition=spec.settings), operator, live.version
+        )
     else:
-        applied: dict[str, Any] = dict(top_other.get("definition") or {}) if top_other else {}
-        effective = effective_settings(spec.settings, applied, operator)
+        wanted = {"x-" + key: value for key, value in spec.settings.items()}
+        after = resolve(qtype, wanted, top, operator, live.version)
+    effective = _managed(after)
     wrong = {
         key: (effective.get(key), spec.settings.get(key))
         for key in MANAGED_KEYS
@@ -253,11 +260,12 @@ def _queue_changes(
     if wrong:
         parts = []
         for key, (have, want) in wrong.items():
+            label = after.sources.get(key, "")
             source = "an x-argument on the queue"
-            if desired.via == "arguments" and top_other is not None:
-                source = f"policy {top_other.get('name')!r}"
-            if operator.get(key) is not None and operator.get(key) == have:
+            if label.startswith("operator policy"):
                 source = "an operator policy"
+            elif label.startswith("policy") and desired.via == "arguments" and top is not None:
+                source = f"policy {top.name!r}"
             parts.append(f"{key} would be {_fmt(have)} (set by {source}), not {_fmt(want)}")
         dlx = effective.get("dead-letter-exchange")
         if dlx and dlx not in exchanges:
@@ -381,12 +389,14 @@ async def read_live_state(api: ManagementClient) -> LiveState:
     bindings = await api.bindings()
     policies = await api.policies()
     operator = await api.operator_policies()
+    overview = await api.overview()
     return LiveState(
         queues={q["name"]: q for q in queues},
         exchanges={e["name"]: e for e in exchanges if e.get("name")},
         bindings=[b for b in bindings if b.get("source")],
         policies={p["name"]: p for p in policies},
         operator_policies=operator,
+        version=parse_version(str(overview.get("rabbitmq_version") or "0.0.0")),
     )
 
 
@@ -397,6 +407,6 @@ __all__ = [
     "Plan",
     "compute_plan",
     "effective_settings",
-    "matching_policies",
+    "queue_settings",
     "read_live_state",
 ]
