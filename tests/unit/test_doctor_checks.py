@@ -147,6 +147,21 @@ def test_delivery_limit_negative_loses_to_a_positive_one_on_4x() -> None:
     assert snap.queues["q"].settings["delivery-limit"] == 7
 
 
+def test_delivery_limit_negative_policy_then_the_lowest_positive_on_4x() -> None:
+    """Argument 3, policy -1, operator policy 5: 4.x merges policy and operator first (-1
+    loses: 5), then 5 against the argument 3 → 3, as 4.0.5 and 4.3.6 report in
+    ``delivery_limit``. The old view took max(3, -1, 5) = 5 whenever a value was negative
+    (old code: 5), so doctor showed a limit the broker does not enforce."""
+    snap = snapshot(
+        [queue("q", args={"x-delivery-limit": 3})],
+        policies=[policy("p", ".*", delivery_limit=-1)],
+        operator=[policy("op", ".*", delivery_limit=5)],
+        version=V4,
+    )
+    assert snap.queues["q"].settings["delivery-limit"] == 3
+    assert snap.queues["q"].source("delivery-limit") == "argument"
+
+
 def test_classify_work_wait_parking_from_dead_letter_wiring() -> None:
     wait_args = {
         "x-message-ttl": 1000,

@@ -151,3 +151,62 @@ def test_precedence_rules() -> None:
         {"max-length": 9, "dead-letter-exchange": "b", "overflow": "reject-publish"},
         {"max-length": 3},
     ) == {"max-length": 3, "dead-letter-exchange": "a", "overflow": "reject-publish"}
+
+
+def _operator(name: str, pattern: str, priority: int, **definition: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "pattern": pattern,
+        "priority": priority,
+        "apply-to": "queues",
+        "definition": {k.replace("_", "-"): v for k, v in definition.items()},
+    }
+
+
+def test_only_the_highest_priority_operator_policy_applies() -> None:
+    """The broker applies one operator policy (rabbit_policy:match_op), here the one that only
+    raises nothing (delivery-limit 1000 > the file's 10). The old plan merged every matching
+    operator policy with dict.update, so the lower-priority one's message-ttl 100 made a
+    conflict that does not exist (old code: 'conflict')."""
+    live = _live(
+        operator_policies=[
+            _operator("low", "^orders\\.work$", 0, message_ttl=100),
+            _operator("high", "^orders\\.work$", 5, delivery_limit=1000),
+        ]
+    )
+    change = _find(
+        compute_plan(expand(ORDERS), live, source="f", vhost="/").changes, "queue", "orders.work"
+    )
+    assert change.action == "create", change.detail
+
+
+def test_on_4x_an_operator_delivery_limit_beats_the_parking_queues_minus_one() -> None:
+    """4.x resolves a negative limit against a positive one with max (policy -1 + operator 5
+    gives 5, seen on 4.0.5 and 4.3.6), so a parking queue would get a limit of 5 and rmqkit
+    would refuse to browse it. The old plan took min(-1, 5) = -1 and called it in sync (old
+    code: LiveState has no version; with the min rule the change was 'create')."""
+    desired = expand(ORDERS, broker_version=(4, 3, 6))
+    live = _live(
+        operator_policies=[_operator("cap", "parking$", 0, delivery_limit=5)],
+        version=(4, 3, 6),
+    )
+    change = _find(
+        compute_plan(desired, live, source="f", vhost="/").changes, "queue", "orders.work.parking"
+    )
+    assert change.action == "conflict"
+    assert "delivery-limit would be 5 (set by an operator policy), not -1" in change.detail
+
+
+def test_on_4x_an_operator_overflow_wins_over_our_policy() -> None:
+    """4.x operator policies may set overflow and win over the user policy (docs: "operator
+    policy value"; seen on 4.0.5 and 4.3.6); the old plan ignored the operator's overflow."""
+    live = _live(
+        operator_policies=[_operator("dh", "^orders\\.work$", 0, overflow="drop-head")],
+        version=(4, 3, 6),
+    )
+    desired = expand(ORDERS, broker_version=(4, 3, 6))
+    change = _find(
+        compute_plan(desired, live, source="f", vhost="/").changes, "queue", "orders.work"
+    )
+    assert change.action == "conflict"
+    assert "overflow would be 'drop-head' (set by an operator policy)" in change.detail
