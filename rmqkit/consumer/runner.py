@@ -29,23 +29,21 @@ import aiormq
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
 from rmqkit.broker.amqp import connect
-from rmqkit.broker.confirms import ConfirmedPublisher, Outcome
+from rmqkit.broker.confirms import ConfirmedPublisher
 from rmqkit.broker.fieldtypes import Timestamp
 from rmqkit.broker.pamqp_hook import typed_decoding
-from rmqkit.broker.typed_properties import copy_properties
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.config import ConsumerConfig
+from rmqkit.consumer.copies import CopySender
 from rmqkit.consumer.decision import (
     Ack,
     HandlerTimeout,
     MissingMessageId,
-    Park,
     Success,
     TooLarge,
     decide,
 )
-from rmqkit.consumer.decision import Retry as RetryDecision
 from rmqkit.consumer.handler import LoadedHandler, run_handler
 from rmqkit.consumer.logs import current_message
 from rmqkit.consumer.message import Message
@@ -118,7 +116,13 @@ class Consumer:
         self._publisher: ConfirmedPublisher | None = None  # the current channel's
         self._wait_queues = config.policy.all_wait_queues
         self._permanent = frozenset(config.policy.permanent_errors)
-        self._refusals = RefusedCopies(metrics, consumer_timeout_s=config.consumer_timeout_s)
+        self._copies = CopySender(
+            metrics,
+            config.tier_names,
+            RefusedCopies(metrics, consumer_timeout_s=config.consumer_timeout_s),
+            self._finished,
+            self._sleep_unless_stopped,
+        )
         # Never hold more messages than can start: a prefetched message no handler started is
         # handed back at every stop or restart, and each return spends one of its delivery
         # attempts (issue 9, finding 12). So the prefetch is the concurrency, and every
@@ -442,7 +446,7 @@ class Consumer:
         if isinstance(decision, Ack):
             self._finished(tracker, tag)
             return
-        await self._publish_copy(delivered, decision, tracker, tag, attempt)
+        await self._copies.send(self._publisher, delivered, decision, tracker, tag, attempt)
 
     def _check_threads(self, threads: HandlerThreads) -> None:
         """After a sync handler's timeout: if stuck calls now hold the handler threads, say so
@@ -470,64 +474,3 @@ class Consumer:
         self.processed += 1
         if tracker.pending_acks >= self._flush_threshold or not self._flush_wanted.is_set():
             self._flush_wanted.set()
-
-    async def _publish_copy(
-        self,
-        delivered: DeliveredMessage,
-        decision: RetryDecision | Park,
-        tracker: AckTracker,
-        tag: int,
-        attempt: int,
-    ) -> None:
-        props = delivered.header.properties
-        channel = delivered.channel
-        copy = copy_properties(props, decision.headers)
-        extra = {"message_id": props.message_id, "attempt": attempt}
-        publisher = self._publisher
-        try:
-            if publisher is None or publisher.channel is not channel:
-                raise ConnectionError("the delivery's channel was replaced")
-            settled = await publisher.publish(
-                delivered.body, exchange="", routing_key=decision.target_queue, properties=copy
-            )
-            outcome = await settled
-        except Exception as exc:  # channel gone: the original comes back by itself
-            log.warning(
-                "copy to %s not confirmed (%s); the message will be redelivered",
-                decision.target_queue,
-                exc,
-                extra=extra,
-            )
-            return
-        if outcome is Outcome.CONFIRMED:
-            self._finished(tracker, tag)
-            self._refusals.confirmed(decision.target_queue)
-            if isinstance(decision, Park):
-                self.metrics.parked(decision.reason.value)
-                log.warning(
-                    "parked in %s: %s",
-                    decision.target_queue,
-                    decision.reason.value,
-                    extra={**extra, "decision": "park", "reason": decision.reason.value},
-                )
-            else:
-                tier = self.config.tier_names[decision.tier_index]
-                self.metrics.retried(tier)
-                log.info(
-                    "retry via %s",
-                    decision.target_queue,
-                    extra={**extra, "decision": "retry", "tier": tier},
-                )
-            return
-        # Nacked (e.g. a full queue with reject-publish) or returned (no such queue): the copy
-        # does not exist, so the original must not be acked. Hold it for the target's backoff
-        # (cut short by a stop), then put it back with a reject: unlike nack-requeue on 4.3,
-        # that counts toward the delivery limit, so the broker parks it in the end.
-        delay = self._refusals.refused(decision.target_queue, outcome.value, extra)
-        await self._sleep_unless_stopped(delay)
-        if tracker.alive and not channel.is_closed:
-            try:
-                await channel.basic_reject(tag, requeue=True)
-                tracker.settled_elsewhere(tag)
-            except Exception:
-                pass

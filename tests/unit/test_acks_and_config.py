@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.config import ConsumerFlags, build_config, policy_from_topology
-from rmqkit.consumer.runner import Backoff
+from rmqkit.consumer.metrics import ConsumerMetrics
+from rmqkit.consumer.refusals import Backoff, RefusedCopies
 from rmqkit.errors import ConfigError
 from rmqkit.topology.model import load_topology, parse_topology
 
@@ -89,6 +90,56 @@ def test_backoff_grows_with_jitter_and_caps() -> None:
     assert all(d <= 4.0 for d in delays) and delays[-1] >= 2.0
     backoff.reset()
     assert backoff.next_delay() <= 0.5
+
+
+def test_refused_copies_back_off_per_target_and_are_counted() -> None:
+    """Issue 9, finding 10: the hold before a refused copy's original goes back grows while a
+    target refuses (jittered, capped), is separate per target, ends with a confirmed copy, and
+    stays well below the queue's consumer timeout."""
+    random.seed(2)
+    metrics = ConsumerMetrics("w")
+    refusals = RefusedCopies(metrics, base_s=1.0, cap_s=15.0)
+    holds = [refusals.refused("w.parking", "nacked", {}) for _ in range(8)]
+    assert 0.5 <= holds[0] <= 1.0 and 1.0 <= holds[1] <= 2.0
+    assert all(7.5 <= h <= 15.0 for h in holds[4:]), holds
+    assert refusals.refused("w.wait.1s", "returned", {}) <= 1.0  # another target: from base
+    assert refusals.refusing() == ["w.parking", "w.wait.1s"]
+    refusals.confirmed("w.parking")
+    assert refusals.refused("w.parking", "nacked", {}) <= 1.0
+    text = metrics.render().decode()
+    assert 'rmqkit_consumer_copies_refused_total{queue="w",target="w.parking"} 9.0' in text
+    assert 'rmqkit_consumer_copies_refused_total{queue="w",target="w.wait.1s"} 1.0' in text
+    short = RefusedCopies(metrics, consumer_timeout_s=8.0)
+    assert max(short.refused("t", "nacked", {}) for _ in range(10)) <= 2.0
+
+
+def test_a_consumer_cancel_fails_readiness_and_is_counted() -> None:
+    metrics = ConsumerMetrics("w")
+    metrics.set_connected(True)
+    metrics.set_consuming(True)
+    assert metrics.not_ready_reason() is None
+    metrics.cancelled_by_broker()
+    assert metrics.not_ready_reason() == "connected but not consuming"
+    assert 'rmqkit_consumer_cancelled_by_broker_total{queue="w"} 1.0' in metrics.render().decode()
+
+
+def test_the_consumer_timeout_warning_names_where_the_timeout_comes_from() -> None:
+    """Issue 9, finding 11: a queue's own consumer timeout (read from the broker, with or
+    without a topology file) against the handler timeout; else the assumed 30 min default."""
+    policy = policy_from_topology(ORDERS, "orders.work", None)
+    config = build_config("m:f", "orders.work", policy, ConsumerFlags(), ORDERS, 2.0)
+    assert config.consumer_timeout_s == 2.0
+    [warning] = [w for w in config.warnings if "consumer timeout" in w]
+    assert warning.startswith(
+        "handler timeout 30s is not below the consumer timeout: queue 'orders.work' has a "
+        "consumer timeout of 2s (x-consumer-timeout or a policy)"
+    )
+    flags = ConsumerFlags(handler_timeout_s=1.5)
+    config = build_config("m:f", "orders.work", policy, flags, ORDERS, 2.0)
+    assert not any("consumer timeout" in w for w in config.warnings)
+    config = build_config("m:f", "orders.work", policy, ConsumerFlags(handler_timeout_s=3600))
+    [warning] = [w for w in config.warnings if "consumer timeout" in w]
+    assert "assumed to be the default 1800s" in warning
 
 
 def test_policy_from_topology() -> None:

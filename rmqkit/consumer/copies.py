@@ -1,0 +1,106 @@
+"""Retry and parking copies: publish one, settle its original by the broker's answer.
+
+A failed delivery becomes a copy (retry → a wait queue, park → the parking queue), published
+with confirms and ``mandatory`` on the delivery's own channel. Only a confirmed copy lets the
+original be acked (marked finished for the batched ack). A copy that could not be published
+because the channel went away leaves the original to the broker, which redelivers it. A refused
+copy (nacked: a full bounded queue; returned: no such queue) does not exist: the original is
+held for the target's backoff and put back with ``basic.reject(requeue=True)``
+(rmqkit.consumer.refusals says why a reject and not a nack).
+
+Failure path only: nothing here runs for a delivery whose handler succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiormq.abc import DeliveredMessage
+
+from rmqkit.broker.confirms import ConfirmedPublisher, Outcome
+from rmqkit.broker.typed_properties import copy_properties
+from rmqkit.consumer.acks import AckTracker
+from rmqkit.consumer.decision import Park
+from rmqkit.consumer.decision import Retry as RetryDecision
+from rmqkit.consumer.metrics import ConsumerMetrics
+from rmqkit.consumer.refusals import RefusedCopies
+
+log = logging.getLogger("rmqkit.consumer")
+
+
+class CopySender:
+    """Publishes the copies of one consumer and settles their originals."""
+
+    def __init__(
+        self,
+        metrics: ConsumerMetrics,
+        tier_names: tuple[str, ...],
+        refusals: RefusedCopies,
+        finished: Callable[[AckTracker, int], None],
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        self._metrics = metrics
+        self._tier_names = tier_names
+        self._refusals = refusals
+        self._finished = finished  # the original may be acked
+        self._sleep = sleep  # returns early when the consumer stops
+
+    async def send(
+        self,
+        publisher: ConfirmedPublisher | None,
+        delivered: DeliveredMessage,
+        decision: RetryDecision | Park,
+        tracker: AckTracker,
+        tag: int,
+        attempt: int,
+    ) -> None:
+        """Publish ``decision``'s copy of ``delivered`` and settle the original (tag ``tag``)."""
+        props = delivered.header.properties
+        channel = delivered.channel
+        copy = copy_properties(props, decision.headers)
+        extra = {"message_id": props.message_id, "attempt": attempt}
+        target = decision.target_queue
+        try:
+            if publisher is None or publisher.channel is not channel:
+                raise ConnectionError("the delivery's channel was replaced")
+            settled = await publisher.publish(
+                delivered.body, exchange="", routing_key=target, properties=copy
+            )
+            outcome = await settled
+        except Exception as exc:  # channel gone: the original comes back by itself
+            log.warning(
+                "copy to %s not confirmed (%s); the message will be redelivered",
+                target,
+                exc,
+                extra=extra,
+            )
+            return
+        if outcome is Outcome.CONFIRMED:
+            self._finished(tracker, tag)
+            self._refusals.confirmed(target)
+            if isinstance(decision, Park):
+                self._metrics.parked(decision.reason.value)
+                log.warning(
+                    "parked in %s: %s",
+                    target,
+                    decision.reason.value,
+                    extra={**extra, "decision": "park", "reason": decision.reason.value},
+                )
+            else:
+                tier = self._tier_names[decision.tier_index]
+                self._metrics.retried(tier)
+                log.info("retry via %s", target, extra={**extra, "decision": "retry", "tier": tier})
+            return
+        # Nacked (e.g. a full queue with reject-publish) or returned (no such queue): the copy
+        # does not exist, so the original must not be acked. Hold it for the target's backoff
+        # (cut short by a stop), then put it back with a reject: unlike nack-requeue on 4.3,
+        # that counts toward the delivery limit, so the broker parks it in the end.
+        delay = self._refusals.refused(target, outcome.value, extra)
+        await self._sleep(delay)
+        if tracker.alive and not channel.is_closed:
+            try:
+                await channel.basic_reject(tag, requeue=True)
+                tracker.settled_elsewhere(tag)
+            except Exception:
+                pass  # the channel went away meanwhile: the broker requeues it
