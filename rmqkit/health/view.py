@@ -5,6 +5,11 @@ settings in effect on each queue (arguments, the applying policy and operator po
 broker's precedence rules), where each queue dead-letters to, and each queue's role in the
 work → wait → parking pattern. Statistics may be missing (metrics collection off, a queue
 that never saw a message); every accessor returns None for a number it cannot know.
+
+The settings in effect come from ``rmqkit.broker.policies`` (the resolver plan and the parking
+commands use too); ``applying_policy``, ``policy_applies`` and
+``QUORUM_DEFAULT_DELIVERY_LIMIT_4X`` stay here, delegating to it, because
+``rmqkit.consumer.wiring`` imports them from this module.
 """
 
 from __future__ import annotations
