@@ -243,13 +243,15 @@ def _resolve_key(
             return None  # a non-numeric limit: the broker rejects it; nothing to report
         return found
     # Rule 3: the merged policy value against the argument.
+    if queue_type == "stream":
+        return merged
     if numeric:
         an, mn = _number(argument[1]), _number(merged[1])
         if an is None or mn is None:
             return argument if an is not None else (merged if mn is not None else None)
         best = _lower_limit(mn, an, v4 and key == "delivery-limit")
         return argument if best == an else merged  # ties: the argument, as the label
-    if queue_type == "stream" or (key == "overflow" and queue_type == "quorum"):
+    if key == "overflow" and queue_type == "quorum":
         return merged
     return argument  # dead-letter keys, classic overflow and anything else: res_arg
 
