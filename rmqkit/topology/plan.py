@@ -98,37 +98,6 @@ class Plan:
         return counts
 
 
-def to_policy_keys(arguments: dict[str, Any]) -> dict[str, Any]:
-    """x-arguments of a queue → policy-key form, managed keys only."""
-    return {
-        key[2:]: value
-        for key, value in arguments.items()
-        if key.startswith("x-") and key[2:] in MANAGED_KEYS
-    }
-
-
-def effective_settings(
-    arguments: dict[str, Any],
-    policy: dict[str, Any],
-    operator: dict[str, Any],
-    *,
-    version: Version = DEFAULT_VERSION,
-    queue_type: str = "quorum",
-) -> dict[str, Any]:
-    """The managed settings a queue ends up with (``rmqkit.broker.policies.resolve``), from
-    its arguments and the definitions of the applying policy and operator policy, all in
-    policy-key form."""
-    return _managed(
-        resolve(
-            queue_type,
-            {"x-" + key: value for key, value in arguments.items()},
-            Policy("", definition=policy) if policy else None,
-            Policy("", definition=operator) if operator else None,
-            version,
-        )
-    )
-
-
 def _managed(found: Effective) -> dict[str, Any]:
     return {key: value for key, value in found.settings.items() if key in MANAGED_KEYS}
 
@@ -406,7 +375,6 @@ __all__ = [
     "LiveState",
     "Plan",
     "compute_plan",
-    "effective_settings",
     "queue_settings",
     "read_live_state",
 ]

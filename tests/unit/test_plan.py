@@ -7,7 +7,7 @@ from typing import Any
 
 from rmqkit.topology.expand import expand
 from rmqkit.topology.model import load_topology
-from rmqkit.topology.plan import Change, LiveState, compute_plan, effective_settings
+from rmqkit.topology.plan import Change, LiveState, compute_plan, queue_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDERS = load_topology(ROOT / "topologies" / "orders.toml")
@@ -145,12 +145,19 @@ def test_exchange_type_mismatch() -> None:
 
 
 def test_precedence_rules() -> None:
-    # numeric: lower wins; dead-letter keys: argument wins; overflow: policy wins
-    assert effective_settings(
-        {"max-length": 5, "dead-letter-exchange": "a", "overflow": "drop-head"},
-        {"max-length": 9, "dead-letter-exchange": "b", "overflow": "reject-publish"},
-        {"max-length": 3},
-    ) == {"max-length": 3, "dead-letter-exchange": "a", "overflow": "reject-publish"}
+    # numeric: lower wins; dead-letter keys: argument wins; overflow: policy wins (quorum)
+    args = {"x-max-length": 5, "x-dead-letter-exchange": "a", "x-overflow": "drop-head"}
+    definition = {"max-length": 9, "dead-letter-exchange": "b", "overflow": "reject-publish"}
+    live = _live(
+        queues={"q": _quorum("q", args)},
+        policies={"p": {"name": "p", "pattern": "^q$", "definition": definition}},
+        operator_policies=[{"name": "op", "pattern": "^q$", "definition": {"max-length": 3}}],
+    )
+    assert queue_settings(live, "q") == {
+        "max-length": 3,
+        "dead-letter-exchange": "a",
+        "overflow": "reject-publish",
+    }
 
 
 def _operator(name: str, pattern: str, priority: int, **definition: Any) -> dict[str, Any]:
