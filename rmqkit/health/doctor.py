@@ -140,6 +140,7 @@ def topology_plan(snapshot: Snapshot, topology: Topology, via: Via) -> Plan:
         bindings=list(snapshot.bindings),
         policies={str(p.get("name")): p for p in snapshot.policies},
         operator_policies=list(snapshot.operator_policies),
+        version=snapshot.version,
     )
     desired = expand(topology, via=via, broker_version=snapshot.version)
     return compute_plan(desired, live, source=topology.source, vhost=snapshot.vhost)

@@ -420,3 +420,17 @@ def test_status_groups_per_work_queue_and_tolerates_missing_stats() -> None:
     assert (group["ready"], group["unacked"], group["waiting"], group["parked"]) == (4, 1, 2, 3)
     bare = next(q for q in report.queues if q.name == "bare")
     assert (bare.ready, bare.publish_rate) == (None, None)
+
+
+def test_doctors_topology_plan_uses_the_brokers_version() -> None:
+    """doctor --topology runs plan on its snapshot; on 4.x an operator delivery-limit 5 beats
+    the parking queue's -1 (seen on 4.0.5 and 4.3.6), so plan must see 4.x rules there too
+    (before: the LiveState doctor built had no version, and plan took min(-1, 5))."""
+    from rmqkit.health.doctor import topology_plan
+
+    topology = load_topology(ROOT / "topologies" / "orders.toml")
+    cap = {**policy("cap", "parking$", delivery_limit=5)}
+    snap = snapshot([], operator=[cap], version=V4)
+    plan = topology_plan(snap, topology, "policy")
+    parking = next(c for c in plan.changes if c.name == "orders.work.parking")
+    assert parking.action == "conflict" and "delivery-limit would be 5" in parking.detail
