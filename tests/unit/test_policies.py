@@ -2,11 +2,11 @@
 
 Rows marked "seen" were compared with the broker's ``effective_policy_definition`` and 4.x's
 ``delivery_limit`` on 3.10.8, 4.0.5 and 4.3.6 (``tests/integration/test_policies_live.py``
-re-checks them). ``test_plan_and_doctor_agree`` is the property of issue 11: plan and doctor see
-the same settings for the same queue, arguments, policies and version. On the old code
-(7cb9a46) this file fails to import (no ``rmqkit.broker.policies``); the rows that show the old
-rules' disagreement through their public functions are in test_plan.py and
-test_doctor_checks.py.
+re-checks them). ``test_plan_and_doctor_agree`` is the property of issue 11: plan and doctor
+(and the parking commands' delivery-limit check) see the same settings for the same queue,
+arguments, policies and version. On the old code (7cb9a46) this file fails to import (no
+``rmqkit.broker.policies``); the rows that show the old rules' disagreement through their
+public functions are in test_plan.py and test_doctor_checks.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from rmqkit.broker.policies import Policy, applying_policy, resolve, resolve_queue
 from rmqkit.health.view import effective_queue
+from rmqkit.parking.browse import _delivery_limit
 from rmqkit.topology.expand import MANAGED_KEYS
 from rmqkit.topology.plan import LiveState, queue_settings
 
@@ -347,7 +348,10 @@ def test_plan_and_doctor_agree(
         "type": qtype,
         "arguments": {"x-queue-type": qtype, **{"x-" + k: v for k, v in arguments.items()}},
     }
-    doctor = effective_queue(raw, policies, operator, version).settings
+    view = effective_queue(raw, policies, operator, version)
+    doctor = view.settings
+    # Parking's browse check sees the same enforced limit as doctor.
+    assert _delivery_limit(raw, policies, operator, version)[0] == view.delivery_limit
     live = LiveState(
         queues={name: raw},
         exchanges={},
