@@ -9,10 +9,12 @@ from rmqkit.errors import (
     ConfigError,
     DataError,
     ExitCode,
+    OutputError,
     PartialSuccess,
     RmqkitError,
     TopologyConflict,
     TopologyFileError,
+    UnsupportedDependency,
     UsageError,
 )
 from rmqkit.settings import Settings, load_settings
@@ -25,6 +27,7 @@ __all__ = [
     "DataError",
     "ExitCode",
     "Message",
+    "OutputError",
     "PartialSuccess",
     "Permanent",
     "Retry",
@@ -32,6 +35,7 @@ __all__ = [
     "Settings",
     "TopologyConflict",
     "TopologyFileError",
+    "UnsupportedDependency",
     "UsageError",
     "__version__",
     "load_settings",

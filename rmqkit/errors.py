@@ -16,6 +16,7 @@ class ExitCode:
     PARTIAL = 3
     DATA = 65
     UNAVAILABLE = 69
+    IO = 74  # a file could not be written (sysexits' EX_IOERR)
     ACCESS = 77
     CONFIG = 78
     INTERRUPTED = 130
@@ -42,6 +43,12 @@ class PartialSuccess(RmqkitError):
     """Some of the work was done and some was not; the message says which."""
 
     exit_code = ExitCode.PARTIAL
+
+
+class OutputError(RmqkitError):
+    """A file could not be written (disk full, file size limit, permissions): exit 74."""
+
+    exit_code = ExitCode.IO
 
 
 class DataError(RmqkitError):

@@ -26,16 +26,9 @@ from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 
-from rmqkit.errors import RmqkitError, UsageError
+from rmqkit.errors import OutputError, UsageError
 
-EX_IOERR = 74
 _WRITE_THROUGH = 1 << 20  # buffered bytes written out (not fsynced) once past this
-
-
-class OutputError(RmqkitError):
-    """A file could not be written (disk full, file size limit, permissions): exit 74."""
-
-    exit_code = EX_IOERR
 
 
 class OutputMode(StrEnum):
@@ -250,7 +243,6 @@ def write_file(path: Path, text: str, mode: OutputMode = OutputMode.CREATE) -> N
 
 
 __all__ = [
-    "EX_IOERR",
     "OutputError",
     "OutputMode",
     "SafeOutput",
