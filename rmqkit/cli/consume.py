@@ -23,6 +23,7 @@ from rmqkit.consumer.wiring import (
     consumer_timeout_s,
     policy_from_snapshot,
     read_wiring,
+    wiring_warnings,
 )
 from rmqkit.errors import AccessRefused, BrokerUnavailable
 from rmqkit.settings import Settings
@@ -125,7 +126,9 @@ async def _resolve(
         # The queue's consumer timeout (x-consumer-timeout or a policy) bounds the handler
         # timeout with a topology file too: the file does not say it, the broker does.
         timeout = consumer_timeout_s(snapshot, queue)
-        return build_config(handler, queue, policy, flags, spec, timeout)
-    policy, queue_timeout_s = policy_from_snapshot(snapshot, queue, flags.max_attempts)
-    check_wiring(snapshot, policy, discover_wait=True)
-    return build_config(handler, queue, policy, flags, None, queue_timeout_s)
+        config = build_config(handler, queue, policy, flags, spec, timeout)
+    else:
+        policy, timeout = policy_from_snapshot(snapshot, queue, flags.max_attempts)
+        check_wiring(snapshot, policy, discover_wait=True)
+        config = build_config(handler, queue, policy, flags, None, timeout)
+    return replace(config, warnings=(*config.warnings, *wiring_warnings(snapshot, policy)))

@@ -36,7 +36,13 @@ from rmqkit.health.view import (
     read_snapshot,
 )
 
-__all__ = ["check_wiring", "consumer_timeout_s", "policy_from_snapshot", "read_wiring"]
+__all__ = [
+    "check_wiring",
+    "consumer_timeout_s",
+    "policy_from_snapshot",
+    "read_wiring",
+    "wiring_warnings",
+]
 
 
 async def read_wiring(api: ManagementClient) -> Snapshot:
@@ -162,6 +168,35 @@ def check_wiring(snapshot: Snapshot, policy: QueuePolicy, *, discover_wait: bool
             f"refusing to consume {policy.queue!r}: {problems[0]}{more} — fix the policies or "
             "run `rmqkit declare` for the topology, then check with `rmqkit doctor`"
         )
+
+
+def wiring_warnings(snapshot: Snapshot, policy: QueuePolicy) -> list[str]:
+    """Wiring that loses messages only in a pinch, for the start-up warnings (not a refusal).
+
+    A bounded parking queue (``overflow=reject-publish``) refuses when full. The consumer then
+    puts the original back counting toward the delivery limit (rmqkit.consumer.refusals), and
+    the broker dead-letters it over the limit: at-least-once (quorum, ``dead-letter-strategy``
+    ``at-least-once`` and ``overflow`` ``reject-publish`` on the work queue) keeps it until
+    parking has room; at-most-once drops it.
+    """
+    work = snapshot.queues.get(policy.queue)
+    parking = snapshot.queues.get(policy.parking_queue)
+    if work is None or parking is None:
+        return []
+    bounded = "max-length" in parking.settings or "max-length-bytes" in parking.settings
+    at_least_once = (
+        work.type == "quorum"
+        and work.settings.get("dead-letter-strategy") == "at-least-once"
+        and work.settings.get("overflow") == "reject-publish"
+    )
+    if not bounded or at_least_once:
+        return []
+    return [
+        f"parking queue {parking.name!r} is bounded and work queue {work.name!r} dead-letters "
+        "at-most-once: while parking is full, a message the broker dead-letters (delivery "
+        "limit) is dropped — give the work queue dead-letter-strategy at-least-once with "
+        "overflow reject-publish (rmqkit declare does), or unbound the parking queue"
+    ]
 
 
 def _policy_note(snapshot: Snapshot, view: QueueView) -> str:

@@ -169,6 +169,7 @@ def test_a_full_parking_queue_does_not_make_an_endless_retry_loop(
     assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
     log = consumer.output()
     assert "copy to jobs.work.parking was refused (nacked)" in log, log[-3000:]
+    assert "dead-letters at-most-once" not in log  # declare's work queue: at-least-once
     assert consumer.proc.poll() is None
 
     # Nothing lost: every message is in the work queue (held for dead-lettering) or parked.
@@ -219,6 +220,37 @@ def test_refused_copies_to_a_full_wait_queue_spend_delivery_attempts_not_cpu(
     assert "copy to jobs.work.wait.1s" in consumer.output()
     assert " was refused (nacked); holding the original " in consumer.output()
     assert broker.depths(jobs_vhost, [WORK])[WORK] == 0
+    assert consumer.stop() == 0
+
+
+def test_a_bounded_parking_queue_with_at_most_once_dead_lettering_is_warned_about(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """With the work queue's dead-lettering at-most-once (a policy without
+    dead-letter-strategy), a full bounded parking queue would make the broker drop a message
+    over its delivery limit: consume says so at start."""
+    path = f"/policies/{broker.q(jobs_vhost)}/{broker.q(policy_name(WORK))}"
+    policy = broker.api("GET", path).json()
+    del policy["definition"]["dead-letter-strategy"]
+    new = {k: policy[k] for k in ("pattern", "definition", "priority", "apply-to")}
+    broker.api("PUT", path, json=new).raise_for_status()
+    _add_to_rmqkit_policy(jobs_vhost, PARKING, max_length=5)
+    assert wait_until(
+        lambda: (
+            "max-length" in _queue_stats(jobs_vhost, PARKING).get("effective_policy_definition", {})
+            and "dead-letter-strategy"
+            not in _queue_stats(jobs_vhost, WORK).get("effective_policy_definition", {})
+        ),
+        timeout_s=10,
+    )
+    consumer = ConsumerProcess(jobs_vhost, tmp_path / "ledger.db")
+    consumers.append(consumer)
+    warning = (
+        "parking queue 'jobs.work.parking' is bounded and work queue 'jobs.work' dead-letters "
+        "at-most-once"
+    )
+    assert wait_until(lambda: "consuming jobs.work" in consumer.output(), timeout_s=20)
+    assert warning in consumer.output(), consumer.output()
     assert consumer.stop() == 0
 
 
