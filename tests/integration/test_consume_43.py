@@ -365,3 +365,21 @@ def test_a_consumer_timeout_shorter_than_a_handler_is_detected_and_recovered(
     cancels = 'rmqkit_consumer_cancelled_by_broker_total{queue="jobs.work"}'
     assert _metric(port, cancels) >= 1
     assert consumer.stop() == 0
+
+
+def test_a_deleted_work_queue_cancels_the_consumer_which_says_so_and_stops(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """Any version: deleting the work queue makes the broker cancel the consumer (basic.cancel).
+    The consumer logs it, fails /readyz, reconnects, and then stops with exit 78 because the
+    queue does not exist. On 7cb9a46 it logged nothing of its own and kept running, ready."""
+    port = _free_port()
+    consumer = ConsumerProcess(jobs_vhost, tmp_path / "ledger.db", "--metrics-port", str(port))
+    consumers.append(consumer)
+    assert wait_until(lambda: "consuming jobs.work" in consumer.output(), timeout_s=20)
+    broker.api("DELETE", f"/queues/{broker.q(jobs_vhost)}/{broker.q(WORK)}").raise_for_status()
+    assert wait_until(lambda: consumer.proc.poll() is not None, timeout_s=30), consumer.output()
+    log = consumer.output()
+    assert "the broker cancelled consumer " in log, log
+    assert "queue 'jobs.work' does not exist" in log, log
+    assert consumer.proc.returncode == 78, (consumer.proc.returncode, log)
