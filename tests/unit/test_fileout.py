@@ -1,10 +1,9 @@
-"""rmqkit.fileout: no silent overwrite, no half file under the asked name, durable means durable;
-and the audit of every place the parking transfer code acks after writing elsewhere."""
+"""rmqkit.fileout: no silent overwrite, no half file under the asked name, durable means durable.
+
+The audit of every place that acks after writing elsewhere is tests/unit/test_ack_audit.py."""
 
 from __future__ import annotations
 
-import ast
-import re
 import subprocess
 import sys
 import textwrap
@@ -90,39 +89,3 @@ def test_a_file_size_limit_is_an_output_error_and_keeps_only_durable_lines(
     )
     assert result.stdout.startswith("74 writing"), result.stdout + result.stderr
     assert path.read_text() == "a" * 99 + "\n"
-
-
-# Every place the parking transfer code acks a message (or lets the browse ack it), with what
-# is written, where, before it. A new ack site must be added here with its justification.
-AUDITED = {
-    # browse.py acks only what a visitor TOOK or what a visitor's future resolved truthy
-    ("rmqkit/parking/browse.py", "await self.channel.basic_ack(last, multiple=True)"),
-    ("rmqkit/parking/browse.py", "await self.channel.basic_ack(tag)"),
-    ("rmqkit/parking/browse.py", "elif verdict is Verdict.TAKE:"),
-    # purge: the deletion itself (no copy elsewhere); only what was counted/confirmed
-    ("rmqkit/parking/ops.py", "return Verdict.TAKE"),
-    # export --remove: True only after out.sync(publish=True): written, fsynced, in place
-    ("rmqkit/parking/transfer.py", "future.set_result(ok)"),
-}
-ACKS = {"basic_ack", "ack", "set_result", "queue_purge", "basic_reject", "reject"}
-
-
-def test_every_ack_site_of_the_parking_transfer_code_is_audited() -> None:
-    found = set()
-    for name in ("browse.py", "ops.py", "transfer.py", "journal.py"):
-        source = (ROOT / "rmqkit" / "parking" / name).read_text()
-        lines = source.splitlines()
-        for node in ast.walk(ast.parse(source)):
-            call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            if (call and node.func.attr in ACKS) or (  # type: ignore[union-attr]
-                isinstance(node, ast.Attribute) and node.attr == "TAKE"
-            ):
-                found.add((f"rmqkit/parking/{name}", lines[node.lineno - 1].strip()))
-    assert found == AUDITED
-    transfer = (ROOT / "rmqkit" / "parking" / "transfer.py").read_text()
-    # export: the only True settlement follows a successful sync(publish=True)
-    assert re.search(
-        r"out\.sync\(publish=True\)\n.*?settle_batch\(not failure\)", transfer, re.DOTALL
-    )
-    # import: a record enters the journal only on Outcome.CONFIRMED
-    assert re.search(r"Outcome\.CONFIRMED:\n.*?journal\.add\(slot, digest\)", transfer, re.DOTALL)
