@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rmqkit.settings import with_vhost
 from tests import broker
 from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
 from tests.handlers import body
@@ -289,7 +290,7 @@ def test_fails_over_to_the_next_url(
     broker.publish_with_ids(jobs_vhost, "jobs", "job", [(mid, body(id=mid))])
     ledger = tmp_path / "ledger.db"
     dead = f"amqp://guest:guest@127.0.0.1:5999/{broker.q(jobs_vhost)}"
-    live = f"amqp://guest:guest@127.0.0.1:5672/{broker.q(jobs_vhost)}"
+    live = with_vhost(broker.BASE_URL, jobs_vhost)  # the broker under test
     consumer = ConsumerProcess(jobs_vhost, ledger, "--url", f"{dead},{live}", global_args=True)
     consumers.append(consumer)
     assert wait_until(lambda: effects(ledger)[mid] == 1, timeout_s=20), consumer.output()
