@@ -2,7 +2,7 @@
 
 A queue's settings come from its x-arguments, the one user policy and the one operator policy
 that apply to it, and the broker version's defaults. `plan`, `doctor`, `status`, the parking
-commands and (through ``rmqkit.health.view``) the consumer's wiring check all ask this module,
+commands and (through ``rmqkit.broker.snapshot``) the consumer's wiring check all ask this module,
 so they cannot disagree about the same queue. No I/O: the inputs are the management API's JSON.
 
 How the broker does it (read in rabbitmq-server, ``deps/rabbit/src``; re-checked on 3.10.8, 4.0.5

@@ -1,22 +1,22 @@
-"""One vhost as the management API shows it, with what `status` and `doctor` derive from it.
+"""One vhost as the management API shows it: queues with their settings in effect, policies.
 
 Everything here is pure over the fetched JSON (``read_snapshot`` is the only I/O): the
 settings in effect on each queue (arguments, the applying policy and operator policy, by the
-broker's precedence rules), where each queue dead-letters to, and each queue's role in the
-work → wait → parking pattern. Statistics may be missing (metrics collection off, a queue
-that never saw a message); every accessor returns None for a number it cannot know.
+broker's precedence rules) and where each queue dead-letters to. Each queue's role in the
+work → wait → parking pattern is ``rmqkit.health.roles``. Statistics may be missing (metrics
+collection off, a queue that never saw a message); every accessor returns None for a number it
+cannot know.
 
 The settings in effect come from ``rmqkit.broker.policies`` (the resolver plan and the parking
-commands use too); ``applying_policy``, ``policy_applies`` and
-``QUORUM_DEFAULT_DELIVERY_LIMIT_4X`` stay here, delegating to it, because
-``rmqkit.consumer.wiring`` imports them from this module.
+commands use too). It lives in the broker layer because doctor and status (health) and the
+consumer's start-up wiring check all read it, and the consumer sits below health.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from rmqkit.broker import policies as policies_mod
 from rmqkit.broker.amqp import parse_version
@@ -27,8 +27,6 @@ from rmqkit.broker.policies import (
     as_policy,
     resolve_queue,
 )
-
-Role = Literal["work", "wait", "parking", "other"]
 
 
 def number(value: Any) -> float | None:
@@ -240,44 +238,6 @@ class Snapshot:
         return found
 
 
-def classify(
-    snapshot: Snapshot, known: dict[str, tuple[Role, str]] | None = None
-) -> dict[str, tuple[Role, str]]:
-    """Each queue's role and the work queue it belongs to (itself for work queues).
-
-    ``known`` (from a topology file) wins. Otherwise: a *parking* queue is named ``*.parking``
-    or is a dead-letter target that dead-letters nowhere itself; a *wait* queue has a message
-    TTL and dead-letters to a queue that is not parking (back to its work queue); a *work*
-    queue dead-letters into a parking queue.
-    """
-    roles: dict[str, tuple[Role, str]] = {}
-    targets = {name: snapshot.dead_letter_targets(q) for name, q in snapshot.queues.items()}
-    dl_targets = {t for found in targets.values() for t in (found or [])}
-    parking = {
-        name
-        for name, q in snapshot.queues.items()
-        if name.endswith(".parking") or (name in dl_targets and q.dead_letter_exchange is None)
-    }
-    for name, queue in snapshot.queues.items():
-        found = targets[name] or []
-        if name in parking:
-            roles[name] = ("parking", name)
-        elif found and not (set(found) & parking) and "message-ttl" in queue.settings:
-            roles[name] = ("wait", found[0])
-        elif set(found) & parking:
-            roles[name] = ("work", name)
-        else:
-            roles[name] = ("other", name)
-    # A parking queue belongs to the work queue that dead-letters into it (the first, sorted).
-    for name, (role, _) in sorted(roles.items()):
-        if role == "work":
-            for target in targets[name] or []:
-                if target in parking and roles[target][1] == target:
-                    roles[target] = ("parking", name)
-    roles.update({name: value for name, value in (known or {}).items() if name in roles})
-    return roles
-
-
 async def read_snapshot(api: ManagementClient) -> Snapshot:
     """Fetch the vhost's queues, exchanges, bindings, policies and stats (management API)."""
     # Seven independent reads, in flight together.
@@ -308,11 +268,9 @@ async def read_snapshot(api: ManagementClient) -> Snapshot:
 __all__ = [
     "QUORUM_DEFAULT_DELIVERY_LIMIT_4X",
     "QueueView",
-    "Role",
     "Snapshot",
     "Version",
     "applying_policy",
-    "classify",
     "count",
     "effective_queue",
     "number",

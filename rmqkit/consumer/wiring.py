@@ -8,14 +8,11 @@ a policy that sets only ``message-ttl`` on the wait queues silently removes thei
 message that failed once is dropped when its wait ends (issue 9, finding 13).
 
 ``check_wiring`` works this out from the settings *in effect*, with the same resolver `doctor`
-and `status` use (``rmqkit.health.view``: arguments, the applying policy and operator policy by
+and `status` use (``rmqkit.broker.snapshot``: arguments, the applying policy and operator policy by
 the broker's precedence rules, and dead-letter targets through exchanges and bindings), and
 refuses (ConfigError, exit 78) with one line naming what would drop or misroute messages.
 ``policy_from_snapshot`` reads a work queue's parking target and retry tiers from the same
 snapshot when consume runs without ``--topology``.
-
-This module imports ``rmqkit.health.view`` (which imports ``rmqkit.consumer.config`` through the
-health package); ``rmqkit.consumer.config`` must therefore not import this one.
 """
 
 from __future__ import annotations
@@ -23,11 +20,7 @@ from __future__ import annotations
 import re
 
 from rmqkit.broker.management import ManagementClient
-from rmqkit.consumer.config import DEFAULT_MAX_ATTEMPTS
-from rmqkit.consumer.decision import QueuePolicy
-from rmqkit.durations import parse_duration_ms
-from rmqkit.errors import ConfigError
-from rmqkit.health.view import (
+from rmqkit.broker.snapshot import (
     QUORUM_DEFAULT_DELIVERY_LIMIT_4X,
     QueueView,
     Snapshot,
@@ -35,6 +28,10 @@ from rmqkit.health.view import (
     number,
     read_snapshot,
 )
+from rmqkit.consumer.config import DEFAULT_MAX_ATTEMPTS
+from rmqkit.consumer.decision import QueuePolicy
+from rmqkit.durations import parse_duration_ms
+from rmqkit.errors import ConfigError
 
 __all__ = [
     "check_wiring",

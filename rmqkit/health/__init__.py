@@ -1,8 +1,10 @@
 """Broker health: `rmqkit status` (queue depths and rates) and `rmqkit doctor` (the
 reliability checklist against a live vhost)."""
 
+from rmqkit.broker.snapshot import QueueView, Snapshot, read_snapshot
 from rmqkit.health.checks import CHECKS, Check, CheckSkipped, DoctorInput, Finding, Severity
 from rmqkit.health.doctor import CheckResult, DoctorReport, run_checks, run_doctor
+from rmqkit.health.roles import classify
 from rmqkit.health.status import (
     GroupStatus,
     QueueStatus,
@@ -11,7 +13,6 @@ from rmqkit.health.status import (
     read_status,
     read_status_once,
 )
-from rmqkit.health.view import QueueView, Snapshot, classify, read_snapshot
 
 __all__ = [
     "CHECKS",

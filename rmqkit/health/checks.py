@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rmqkit.broker.policies import DEFAULT_SOURCE_4X
+from rmqkit.broker.snapshot import QueueView, count
 from rmqkit.consumer.config import BROKER_CONSUMER_TIMEOUT_S
 from rmqkit.health.findings import (
     SEVERITY_RANK,
@@ -20,7 +21,6 @@ from rmqkit.health.findings import (
     Finding,
     Severity,
 )
-from rmqkit.health.view import QueueView, count
 
 # Per-queue consumer timeouts (x-consumer-timeout / policy key) exist since 3.12; before that
 # only rabbitmq.conf's consumer_timeout (default BROKER_CONSUMER_TIMEOUT_S) applies.

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from rmqkit.broker.amqp import connection
 from rmqkit.broker.management import management
+from rmqkit.broker.snapshot import Snapshot, read_snapshot
 from rmqkit.consumer.config import DEFAULT_HANDLER_TIMEOUT_S
 from rmqkit.health.checks import (
     CHECKS,
@@ -25,7 +26,7 @@ from rmqkit.health.checks import (
     Finding,
     Severity,
 )
-from rmqkit.health.view import Role, Snapshot, classify, read_snapshot
+from rmqkit.health.roles import Role, classify
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology
 from rmqkit.topology.expand import Via, expand

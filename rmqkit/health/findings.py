@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rmqkit.health.view import QueueView, Role, Snapshot
+from rmqkit.broker.snapshot import QueueView, Snapshot
+from rmqkit.health.roles import Role
 from rmqkit.topology.plan import Plan
 
 Severity = Literal["ok", "warning", "critical"]

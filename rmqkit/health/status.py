@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rmqkit.broker.management import ManagementClient, management
+from rmqkit.broker.snapshot import QueueView, Snapshot, number, read_snapshot
 from rmqkit.errors import RmqkitError
-from rmqkit.health.view import QueueView, Role, Snapshot, classify, number, read_snapshot
+from rmqkit.health.roles import Role, classify
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import parking_stats
 from rmqkit.settings import Settings

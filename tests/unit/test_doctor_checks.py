@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from rmqkit.broker.snapshot import Snapshot, effective_queue
 from rmqkit.health.checks import CHECKS, DoctorInput, Finding
 from rmqkit.health.doctor import DoctorReport, run_checks
+from rmqkit.health.roles import classify
 from rmqkit.health.status import build_status
-from rmqkit.health.view import Snapshot, classify, effective_queue
 from rmqkit.topology import load_topology
 from rmqkit.topology.expand import expand
 from rmqkit.topology.plan import Change, Plan

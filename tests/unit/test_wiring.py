@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from rmqkit.broker.snapshot import Snapshot, effective_queue
 from rmqkit.consumer.decision import QueuePolicy
 from rmqkit.consumer.wiring import check_wiring, policy_from_snapshot, wait_tier_of
 from rmqkit.errors import ConfigError, ExitCode
-from rmqkit.health.view import Snapshot, effective_queue
 
 WORK, PARKING, WAIT = "jobs.work", "jobs.work.parking", "jobs.work.wait.1s"
 
