@@ -123,8 +123,7 @@ async def _take_all(vhost: str) -> list[tuple[bytes, bool, str | None]]:
 
 
 def _replay(python: Path, vhost: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-    env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
+    env = broker.cli_env(vhost)
     env["PYTHONPATH"] = str(ROOT)  # this tree's rmqkit, whatever the venv holds
     return subprocess.run(
         [str(python), "-m", "rmqkit", "parking", "replay", PARKING],

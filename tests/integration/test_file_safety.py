@@ -14,7 +14,6 @@ complete lines and the queue do not add up; a second `export -o` of the same fil
 from __future__ import annotations
 
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from rmqkit.settings import with_vhost
 from tests import broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,9 +38,7 @@ def cli_limited(
 ) -> subprocess.CompletedProcess[str]:
     """`rmqkit ARGS` in a subprocess whose files cannot grow past ``max_file_bytes``
     (``stdout_to``: its stdout redirected to that file, as `> FILE` would)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-    if vhost is not None:
-        env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
+    env = broker.cli_env(vhost)
 
     def limit() -> None:
         if max_file_bytes is not None:

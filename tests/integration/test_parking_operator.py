@@ -64,8 +64,7 @@ def _depth(vhost: str, queue: str = PARKING) -> int:
 
 
 def _env(vhost: str) -> dict[str, str]:
-    env = {k: val for k, val in os.environ.items() if not k.startswith("RMQKIT_")}
-    env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
+    env = broker.cli_env(vhost)
     return env
 
 

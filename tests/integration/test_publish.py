@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -11,7 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rmqkit.settings import with_vhost
 from tests import broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,8 +20,7 @@ BOUNDED = (
 
 
 def _publish(vhost: str, stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-    env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
+    env = broker.cli_env(vhost)
     return subprocess.run(
         [sys.executable, "-m", "rmqkit", "publish", *args],
         input=stdin,
@@ -235,8 +232,7 @@ def test_after_a_lost_connection_the_advised_rerun_repeats_the_same_ids(
     vhost = fresh_vhost()
     _declare(vhost, tmp_path, UNBOUNDED)
     lines = [f"line {i}\n" for i in range(3000)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-    env["RMQKIT_URL"] = with_vhost(broker.BASE_URL, vhost)
+    env = broker.cli_env(vhost)
     proc = subprocess.Popen(
         [sys.executable, "-m", "rmqkit", "publish", "jobs", "job", "--window", "50", "--json"],
         stdin=subprocess.PIPE,
