@@ -115,6 +115,11 @@ class ParkingReason(StrEnum):
 # by 3.10-3.12 (it would grow forever and feed the broker's dead-letter cycle detection) and
 # ignored by 4.0+; x-delivery-count / x-acquired-count are per-queue counters that must not travel
 # with a copy.
+# The broker's delivery annotations: how often the queue holding the message delivered it (4.3+:
+# and how often it was acquired). They describe that queue's deliveries, not the message, and
+# change with every browse of a parking queue: parking views show them as delivered, export keeps
+# them (a faithful record), and nothing rmqkit publishes carries them (replay, import, copies).
+DELIVERY_COUNTERS: Final = frozenset({"x-delivery-count", "x-acquired-count"})
 BROKER_HEADERS: Final = frozenset(
     {
         "x-death",

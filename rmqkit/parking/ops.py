@@ -13,6 +13,7 @@ from typing import Any
 
 import aiormq
 
+from rmqkit import headers as h
 from rmqkit.broker.amqp import connect, server_version
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.pamqp_hook import typed_decoding
@@ -183,9 +184,6 @@ async def parking_stats(settings: Settings, queue: str, flt: ParkedFilter) -> Pa
     return result
 
 
-_BROKER_COUNTERS = ("x-delivery-count", "x-acquired-count")  # change with every browse
-
-
 def message_identity(message: ParkedMessage) -> str:
     """A digest of everything a parked message carries except what browsing changes.
 
@@ -195,7 +193,7 @@ def message_identity(message: ParkedMessage) -> str:
     record = message_to_record(message.properties, message.body, delivery_info={}, strict=False)
     headers = record["properties"].get("headers")
     if isinstance(headers, dict):
-        for key in _BROKER_COUNTERS:
+        for key in h.DELIVERY_COUNTERS:
             headers.pop(key, None)
     canonical = json.dumps(record, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit
 
 import aiormq
 
+from rmqkit import headers as h
 from rmqkit.broker.amqp import connect
 from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
 from rmqkit.errors import DataError, UsageError
@@ -322,6 +323,12 @@ async def _publish_lines(
                 report.problems["not published: the journal could not be written"] += unsent
                 break
             properties, body = record_to_message(line.record)
+            if properties.headers and not h.DELIVERY_COUNTERS.isdisjoint(properties.headers):
+                # The exporting queue's delivery counts: the target queue keeps its own (a
+                # classic queue would otherwise hand the stale numbers to consumers as content).
+                properties.headers = {
+                    k: v for k, v in properties.headers.items() if k not in h.DELIVERY_COUNTERS
+                }
             try:
                 settled = await publisher.publish(
                     body, exchange="", routing_key=queue, properties=properties

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from rmqkit.broker.typed_properties import TypedProperties
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import purge_parked
+from rmqkit.parking.replay import replay_parked
 from rmqkit.parking.transfer import export_parked, import_records, read_export
 from rmqkit.settings import with_vhost
 from tests import broker
@@ -24,7 +25,7 @@ from tests.integration.test_codec_roundtrip import broker_messages, every_proper
 
 PARKING = "t.work.parking"
 TOPOLOGY = '[queues."t.work"]\nretry_delays = ["1s"]\n'
-BROKER_OWNED = {"x-delivery-count"}
+BROKER_OWNED = {"x-delivery-count", "x-acquired-count"}
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +117,65 @@ def test_cli_export_remove_then_import(parking: str, tmp_path: Path) -> None:
     broken = broker.cli("parking", "import", str(bad), PARKING, vhost=v)
     assert broken.returncode == 65 and f"{bad}:2" in broken.stderr
     assert broker.depths(v, [PARKING])[PARKING] == 50  # nothing published from a bad file
+
+
+async def _get_headers(vhost: str, queue: str) -> dict[str, Any]:
+    conn = await aiormq.connect(with_vhost(broker.BASE_URL, vhost))
+    try:
+        channel = await conn.channel()
+        got = await channel.basic_get(queue, no_ack=True)
+        assert got.header is not None
+        return dict(got.header.properties.headers or {})
+    finally:
+        await conn.close()
+
+
+def test_import_never_publishes_the_exporting_queues_delivery_counts(parking: str) -> None:
+    """x-delivery-count / x-acquired-count are the exporting queue's annotations of its own
+    deliveries (they rise with every browse), not message content: an import leaves them out and
+    the target queue keeps its own. On 7cb9a46 a classic target handed the file's numbers (7, 9)
+    to its consumers as if they were the message's."""
+    target = "t.classic"
+    arguments = {"x-queue-type": "classic"}
+    body_ = {"durable": True, "auto_delete": False, "arguments": arguments}
+    broker.api("PUT", f"/queues/{broker.q(parking)}/{broker.q(target)}", json=body_)
+    record = {
+        "rmqkit_export": 1,
+        "properties": {
+            "message_id": "counted-1",
+            "headers": {
+                "x-delivery-count": {"t": "l", "v": 7},
+                "x-acquired-count": {"t": "l", "v": 9},
+                "keep": {"t": "S", "v": "yes"},
+            },
+        },
+        "body_text": "counted",
+    }
+    report = asyncio.run(import_records(broker.settings_for(parking), [record], target))
+    assert report.published == 1
+    headers = asyncio.run(_get_headers(parking, target))
+    assert headers.get("keep") in ("yes", b"yes")
+    assert headers.get("x-delivery-count") != 7, headers
+    assert headers.get("x-acquired-count") != 9, headers
+
+
+def test_replay_copies_carry_no_delivery_counts(parking: str) -> None:
+    """Each browse of the quorum parking queue raises the message's x-delivery-count (3.10-4.2;
+    4.3 raises x-acquired-count); the replayed copy starts with the target queue's own count."""
+    target = "t.classic2"
+    body_ = {"durable": True, "auto_delete": False, "arguments": {"x-queue-type": "classic"}}
+    broker.api("PUT", f"/queues/{broker.q(parking)}/{broker.q(target)}", json=body_)
+    asyncio.run(purge_parked(broker.settings_for(parking), PARKING, ParkedFilter()))  # leftovers
+    props = TypedProperties(message_id="browsed-1", headers={"keep": "yes"}, delivery_mode=2)
+    asyncio.run(_publish(parking, [(props, b"browsed")]))
+    for _ in range(3):
+        assert len(asyncio.run(_export(parking))) == 1  # a browse: counters rise
+    counted = asyncio.run(_export(parking))[0]["properties"]["headers"]
+    assert set(counted) & BROKER_OWNED, counted  # the parking queue's own count, as delivered
+    report = asyncio.run(
+        replay_parked(broker.settings_for(parking), PARKING, ParkedFilter(), routing_key=target)
+    )
+    assert report.replayed == 1
+    headers = asyncio.run(_get_headers(parking, target))
+    assert headers.get("keep") in ("yes", b"yes")
+    assert not set(headers) & BROKER_OWNED, headers
