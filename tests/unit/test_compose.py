@@ -17,7 +17,8 @@ import yaml
 
 from rmqkit.settings import Settings
 
-COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
 
 
 @pytest.fixture
@@ -63,6 +64,15 @@ def amqp_default(defaults: Settings) -> SplitResult:
 
 def test_image_is_rabbitmq_4_with_management(service: dict[str, Any]) -> None:
     assert re.fullmatch(r"rabbitmq:4(\.\d+)*-management(-alpine)?", service["image"])
+
+
+def test_image_is_a_version_ci_tests(service: dict[str, Any]) -> None:
+    """Users of docker compose get a broker the suite runs on (.ci/run: 3.10, 4.0, 4.3)."""
+    tested = re.findall(r"--version (\d+\.\d+)", (ROOT / ".ci" / "run").read_text())
+    tested += re.findall(r"for version in ([\d. ]+);", (ROOT / ".ci" / "run").read_text())
+    versions = {v for group in tested for v in group.split()}
+    minor = re.match(r"rabbitmq:(\d+\.\d+)", service["image"])
+    assert minor is not None and minor.group(1) in versions, (service["image"], versions)
 
 
 def test_ports_publish_the_default_amqp_and_management_ports(
