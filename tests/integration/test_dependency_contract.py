@@ -84,7 +84,9 @@ async def _declare_and_park(vhost: str) -> None:
     conn = await aiormq.connect(with_vhost(broker.BASE_URL, vhost))
     channel = await conn.channel()
     await channel.queue_delete(PARKING)
-    await channel.queue_declare(PARKING, durable=True, arguments={"x-queue-type": "quorum"})
+    # No delivery limit, as rmqkit declares a parking queue (4.x gives quorum queues 20).
+    arguments = {"x-queue-type": "quorum", **broker.no_delivery_limit()}
+    await channel.queue_declare(PARKING, durable=True, arguments=arguments)
     await conn.close()
 
 
