@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests import broker
+from tests.consumer_harness import JOBS, ConsumerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,3 +38,21 @@ def fresh_vhost(request: pytest.FixtureRequest) -> Iterator[Callable[[], str]]:
 @pytest.fixture
 def orders_file() -> Path:
     return ROOT / "topologies" / "orders.toml"
+
+
+@pytest.fixture
+def jobs_vhost(fresh_vhost: Callable[[], str]) -> str:
+    """A fresh vhost with tests/topologies/jobs.toml declared (the consumer tests' topology)."""
+    vhost = fresh_vhost()
+    result = broker.cli("declare", JOBS, vhost=vhost)
+    assert result.returncode == 0, result.stderr
+    return vhost
+
+
+@pytest.fixture
+def consumers() -> Iterator[list[ConsumerProcess]]:
+    """Consumer processes a test starts; any still running are killed when it ends."""
+    started: list[ConsumerProcess] = []
+    yield started
+    for consumer in started:
+        consumer.kill()

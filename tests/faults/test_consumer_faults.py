@@ -9,32 +9,16 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from rmqkit.consumer.supervisor import RESTART_BASE_S, RESTART_CAP_S, STABLE_AFTER_S
 from tests import broker
-from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
+from tests.consumer_harness import ConsumerProcess, effects, events, wait_until
 from tests.handlers import body
 
 WORK, PARKING = "jobs.work", "jobs.work.parking"
-
-
-@pytest.fixture
-def jobs_vhost(fresh_vhost: Callable[[], str]) -> str:
-    vhost = fresh_vhost()
-    assert broker.cli("declare", JOBS, vhost=vhost).returncode == 0
-    return vhost
-
-
-@pytest.fixture
-def consumers() -> Iterator[list[ConsumerProcess]]:
-    started: list[ConsumerProcess] = []
-    yield started
-    for consumer in started:
-        consumer.kill()
 
 
 def _publish(vhost: str, n: int, **fields: object) -> list[str]:

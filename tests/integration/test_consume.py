@@ -8,10 +8,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import pytest
 
 from rmqkit.settings import with_vhost
 from tests import broker
@@ -19,22 +16,6 @@ from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_
 from tests.handlers import body
 
 WORK, PARKING = "jobs.work", "jobs.work.parking"
-
-
-@pytest.fixture
-def jobs_vhost(fresh_vhost: Callable[[], str]) -> str:
-    vhost = fresh_vhost()
-    result = broker.cli("declare", JOBS, vhost=vhost)
-    assert result.returncode == 0, result.stderr
-    return vhost
-
-
-@pytest.fixture
-def consumers() -> Iterator[list[ConsumerProcess]]:
-    started: list[ConsumerProcess] = []
-    yield started
-    for consumer in started:
-        consumer.kill()
 
 
 def _all_queues_empty_but_parking(vhost: str) -> bool:

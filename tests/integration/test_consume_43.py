@@ -24,7 +24,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,27 +33,11 @@ import pytest
 import rmqkit
 from rmqkit.topology.expand import policy_name
 from tests import broker
-from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
+from tests.consumer_harness import ConsumerProcess, effects, events, wait_until
 from tests.handlers import body, record
 
 WORK, PARKING = "jobs.work", "jobs.work.parking"
 DELIVERY_LIMIT = 3  # tests/topologies/jobs.toml
-
-
-@pytest.fixture
-def jobs_vhost(fresh_vhost: Callable[[], str]) -> str:
-    vhost = fresh_vhost()
-    result = broker.cli("declare", JOBS, vhost=vhost)
-    assert result.returncode == 0, result.stderr
-    return vhost
-
-
-@pytest.fixture
-def consumers() -> Iterator[list[ConsumerProcess]]:
-    started: list[ConsumerProcess] = []
-    yield started
-    for consumer in started:
-        consumer.kill()
 
 
 def _free_port() -> int:

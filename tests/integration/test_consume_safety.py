@@ -10,7 +10,6 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,22 +19,6 @@ from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_
 from tests.handlers import body
 
 WORK, PARKING = "jobs.work", "jobs.work.parking"
-
-
-@pytest.fixture
-def jobs_vhost(fresh_vhost: Callable[[], str]) -> str:
-    vhost = fresh_vhost()
-    result = broker.cli("declare", JOBS, vhost=vhost)
-    assert result.returncode == 0, result.stderr
-    return vhost
-
-
-@pytest.fixture
-def consumers() -> Iterator[list[ConsumerProcess]]:
-    started: list[ConsumerProcess] = []
-    yield started
-    for consumer in started:
-        consumer.kill()
 
 
 def _ids(n: int) -> list[str]:
