@@ -1,0 +1,91 @@
+"""The import contract: layers depend downwards only, and the AMQP client stays in the broker layer.
+
+docs/architecture.md draws the layers: cli → health → parking → consumer → topology / publish →
+broker, with settings, errors, headers, durations and fileout below all of them. A module that
+imports from a higher layer fails here, naming the import.
+
+aiormq and pamqp belong to ``rmqkit/broker/`` (issue 11). The modules that still import them
+directly are listed in ``CLIENT_IMPORTS_LEFT``: the list may only shrink; a new module that
+imports them fails.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "rmqkit"
+RANK = {
+    "cli": 6,
+    "health": 5,
+    "parking": 4,
+    "consumer": 3,
+    "topology": 2,
+    "publish": 2,
+    "broker": 1,
+}
+CLIENT = ("aiormq", "pamqp")
+# Still to move behind rmqkit.broker (issue 11): remove a line when its module no longer needs it.
+CLIENT_IMPORTS_LEFT = {
+    "consumer/copies.py",
+    "consumer/runner.py",
+    "parking/browse.py",
+    "parking/model.py",
+    "parking/ops.py",
+    "parking/records.py",
+    "parking/transfer.py",
+    "publish.py",
+}
+
+
+def _imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+    return found
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "rmqkit" and len(parts) > 1 else None
+
+
+def _modules() -> list[tuple[str, Path]]:
+    return [(p.relative_to(PACKAGE).as_posix(), p) for p in sorted(PACKAGE.rglob("*.py"))]
+
+
+def upward_imports() -> list[str]:
+    bad = []
+    for name, path in _modules():
+        own = name.split("/")[0].removesuffix(".py")
+        if own in ("__init__", "__main__"):  # the public API and the entry point see everything
+            continue
+        for target in _imports(path):
+            layer = _layer(target)
+            if layer not in RANK:
+                continue
+            if own not in RANK or RANK[layer] > RANK[own]:
+                bad.append(f"rmqkit/{name} imports {target}")
+    return bad
+
+
+def client_imports() -> set[str]:
+    return {
+        name
+        for name, path in _modules()
+        if not name.startswith("broker/") and any(t.split(".")[0] in CLIENT for t in _imports(path))
+    }
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    assert upward_imports() == []
+
+
+def test_aiormq_and_pamqp_stay_in_the_broker_layer() -> None:
+    new = client_imports() - CLIENT_IMPORTS_LEFT
+    assert new == set(), f"import aiormq/pamqp through rmqkit.broker instead: {sorted(new)}"
+    moved = CLIENT_IMPORTS_LEFT - client_imports()
+    assert moved == set(), f"no longer imports the client: remove from the list {sorted(moved)}"
