@@ -247,6 +247,12 @@ class _Collector(Collector):
             family.add_metric(q, value)
             return family
 
+        def by(name: str, doc: str, label: str, counts: dict[str, int]) -> CounterMetricFamily:
+            family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["queue", label])
+            for key, count in list(counts.items()):  # a copy: the loop thread may add keys
+                family.add_metric([m.queue, key], count)
+            return family
+
         yield counter("received", "Deliveries taken from the work queue.", m._received)
         yield counter(
             "acked",
@@ -254,23 +260,13 @@ class _Collector(Collector):
             m._acked,
         )
 
-        retried = CounterMetricFamily(
-            f"{PREFIX}_retried",
-            "Copies published to a wait queue, by retry tier.",
-            labels=["queue", "tier"],
-        )
-        for tier, count in list(m._retried.items()):
-            retried.add_metric([m.queue, tier], count)
-        yield retried
-
-        parked = CounterMetricFamily(
-            f"{PREFIX}_parked",
+        yield by("retried", "Copies published to a wait queue, by retry tier.", "tier", m._retried)
+        yield by(
+            "parked",
             "Copies published to the parking queue, by parking reason.",
-            labels=["queue", "reason"],
+            "reason",
+            m._parked,
         )
-        for reason, count in list(m._parked.items()):
-            parked.add_metric([m.queue, reason], count)
-        yield parked
 
         handler = HistogramMetricFamily(
             f"{PREFIX}_handler_seconds",
@@ -301,14 +297,12 @@ class _Collector(Collector):
             "Times stuck handler calls held all spare handler threads (worker recycled).",
             m._threads_exhausted,
         )
-        refused = CounterMetricFamily(
-            f"{PREFIX}_copies_refused",
+        yield by(
+            "copies_refused",
             "Retry/park copies the broker refused (nacked or returned), by target queue.",
-            labels=["queue", "target"],
+            "target",
+            m._copies_refused,
         )
-        for target, count in list(m._copies_refused.items()):
-            refused.add_metric([m.queue, target], count)
-        yield refused
         yield counter(
             "cancelled_by_broker",
             "Times the broker cancelled the consumer (consumer timeout, queue deleted).",
