@@ -12,7 +12,9 @@ import typer
 from rmqkit._version import __version__
 from rmqkit.cli import config as config_cmd
 from rmqkit.cli import consume as consume_cmd
+from rmqkit.cli import dedupe as dedupe_cmd
 from rmqkit.cli import doctor as doctor_cmd
+from rmqkit.cli import outbox as outbox_cmd
 from rmqkit.cli import parking as parking_cmd
 from rmqkit.cli import publish as publish_cmd
 from rmqkit.cli import status as status_cmd
@@ -81,6 +83,8 @@ app.add_typer(parking_cmd.app, name="parking")
 app.command("publish")(publish_cmd.publish)
 app.command("status")(status_cmd.status)
 app.command("doctor")(doctor_cmd.doctor)
+app.add_typer(outbox_cmd.app, name="outbox")
+app.add_typer(dedupe_cmd.app, name="dedupe")
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -1,7 +1,8 @@
 """The import contract: layers depend downwards only, and the AMQP client stays in the broker layer.
 
-docs/architecture.md draws the layers: cli → health → parking → consumer → topology / publish →
-broker, with settings, errors, headers, durations and fileout below all of them. A module that
+docs/architecture.md draws the layers: cli → health → parking → consumer → outbox / idempotency →
+topology / publish / guard → broker / store, with settings, errors, headers, durations and fileout
+below all of them. A module that
 imports from a higher layer fails here, naming the import.
 
 aiormq and pamqp belong to ``rmqkit/broker/`` (issue 11). The modules that still import them
@@ -16,13 +17,17 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rmqkit"
 RANK = {
-    "cli": 6,
-    "health": 5,
-    "parking": 4,
-    "consumer": 3,
+    "cli": 7,
+    "health": 6,
+    "parking": 5,
+    "consumer": 4,
+    "outbox": 3,  # the relay publishes through publish/broker and reads rows through store
+    "idempotency": 3,  # the consumer records message ids through it
     "topology": 2,
     "publish": 2,
+    "guard": 2,  # rmqkit.guard: apply_if_newer, on a store transaction
     "broker": 1,
+    "store": 1,  # database connections (SQLite, PostgreSQL): beside broker, not above it
 }
 CLIENT = ("aiormq", "pamqp")
 # Still to move behind rmqkit.broker (issue 11): remove a line when its module no longer needs it.
