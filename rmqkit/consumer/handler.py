@@ -1,23 +1,13 @@
-"""Load a handler from ``module:function`` and run it on one message, classifying how it ended.
+"""Running a loaded handler on one message and classifying how it ended (the per-message path).
 
-``load_handler`` does all the inspection once (import, signature, annotations, sync or async,
-how to build the argument); ``run_handler`` is the per-message hot path and only calls what was
-prepared.
+``run_handler`` only calls what rmqkit.consumer.loading prepared once: it builds the argument,
+runs the handler (``async def`` awaited in the event loop; plain ``def`` in a thread pool:
+``asyncio.to_thread``, an executor, or the consumer's HandlerThreads, so it cannot block the loop),
+applies the handler timeout through one shared timer per loop, and turns the way it ended into an
+Outcome (Success, Failed, HandlerTimeout, Undecodable).
 
-What a handler receives depends on the annotation of its one parameter:
-
-* none, or ``rmqkit.Message``: the Message;
-* ``bytes``: the body; ``str``: the body decoded as UTF-8;
-* a pydantic ``BaseModel`` subclass: ``Model.model_validate_json(body)``;
-* any other type pydantic can validate (``dict``, ``dict[str, Any]``, ``list[Item]``, ``Any``, a
-  TypedDict ...): the body parsed as JSON and validated against it.
-
-A body that fails that decoding or validation never reaches the handler: the outcome is
-``Undecodable`` (parked as ``undecodable``).
-
-``async def`` handlers are awaited in the event loop; plain ``def`` handlers run in a thread pool
-(``asyncio.to_thread``, an executor, or the consumer's HandlerThreads given to run_handler) so
-they cannot block it.
+The loading names (``load_handler``, ``LoadedHandler``, ``HandlerInput``) are re-exported here, so
+``rmqkit.consumer.handler`` stays the one import for both halves.
 """
 
 from __future__ import annotations
@@ -25,20 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import importlib
 import inspect
-import sys
-import types
-import typing
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
-from enum import Enum
-from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from rmqkit.consumer.decision import (
     Failed,
@@ -49,266 +32,9 @@ from rmqkit.consumer.decision import (
     Undecodable,
     qualified_type_name,
 )
+from rmqkit.consumer.loading import HandlerInput, LoadedHandler, load_handler, one_line, type_label
 from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
 from rmqkit.consumer.threads import HandlerThreads
-from rmqkit.errors import ConfigError
-
-
-class HandlerInput(Enum):
-    """What the handler's parameter receives."""
-
-    MESSAGE = "message"  # the rmqkit.Message
-    BODY = "body"  # the body as bytes
-    TEXT = "text"  # the body decoded as UTF-8
-    MODEL = "model"  # the body validated as a pydantic model or type
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedHandler:
-    """A handler ready to run: the callable plus everything run_handler needs, found once.
-
-    ``target``: the object to call with one argument. ``is_async``: awaited in the event loop
-    (else run in a thread). ``input`` / ``input_type``: what the argument is (``input_type`` is
-    the annotation the body is validated against when ``input`` is MODEL, else None).
-    """
-
-    spec: str
-    target: Callable[[Any], Any]
-    is_async: bool
-    parameter: str | None  # name of the parameter that receives the argument (None: *args)
-    input: HandlerInput
-    input_type: Any = None
-    # Builds the argument from the Message; None for MESSAGE (the Message itself is passed).
-    convert: Callable[[Message], Any] | None = None
-
-    def describe(self) -> str:
-        """One line for the startup log, e.g. ``async orders.handlers:handle(order: Order)``."""
-        kind = "async" if self.is_async else "sync (thread pool)"
-        if self.input is HandlerInput.MODEL:
-            shown = _type_label(self.input_type)
-        else:
-            shown = {
-                HandlerInput.MESSAGE: "Message",
-                HandlerInput.BODY: "bytes",
-                HandlerInput.TEXT: "str",
-            }[self.input]
-        return f"{kind} {self.spec}({self.parameter or '*args'}: {shown})"
-
-
-# --- loading -------------------------------------------------------------------------------------
-
-_MESSAGE_NAMES = frozenset({"Message", "rmqkit.Message", "rmqkit.consumer.message.Message"})
-_FORM = "expected 'module:function' (e.g. 'myapp.handlers:handle')"
-
-
-def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
-    """Import ``pkg.module:function`` (or ``module:obj.attr``) and check it can be a handler.
-
-    The module is imported with ``cwd`` (default: the current directory) first on ``sys.path``,
-    as uvicorn does, and the directory stays there (the handler may import more local modules
-    later). Every problem raises ConfigError (exit 78) with one line naming it.
-    """
-    module_name, colon, attr_path = spec.strip().partition(":")
-    if not colon or not _dotted_names(module_name) or not _dotted_names(attr_path):
-        raise _load_error(spec, _FORM)
-
-    directory = str((cwd if cwd is not None else Path.cwd()).resolve())
-    if not sys.path or sys.path[0] != directory:
-        sys.path.insert(0, directory)
-    importlib.invalidate_caches()
-    module = _import(spec, module_name, directory)
-
-    target: Any = module
-    for depth, name in enumerate(attr_path.split(".")):
-        try:
-            target = getattr(target, name)
-        except AttributeError:
-            if depth == 0:
-                owner = f"module '{module_name}'"
-            else:
-                walked = ".".join(attr_path.split(".")[:depth])
-                owner = f"'{module_name}:{walked}'"
-            raise _load_error(spec, f"{owner} has no attribute '{name}'") from None
-
-    if not callable(target):
-        raise _load_error(spec, f"'{spec}' is not callable (its type is {type(target).__name__})")
-    if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
-        raise _load_error(
-            spec,
-            f"'{spec}' is a generator function; a handler is an 'async def' or 'def' function "
-            "that returns when the message is handled",
-        )
-
-    try:
-        signature = inspect.signature(target)
-    except (TypeError, ValueError) as exc:
-        raise _load_error(spec, f"cannot read the signature of '{spec}': {exc}") from None
-    parameter = _message_parameter(spec, signature)
-    annotation = _resolve_annotation(spec, target, parameter)
-    handler_input, input_type, convert = _input_for(spec, parameter, annotation)
-    return LoadedHandler(
-        spec=spec,
-        target=target,
-        is_async=_is_async(target),
-        parameter=None if parameter.kind is inspect.Parameter.VAR_POSITIONAL else parameter.name,
-        input=handler_input,
-        input_type=input_type,
-        convert=convert,
-    )
-
-
-def _dotted_names(text: str) -> bool:
-    return bool(text) and all(part.isidentifier() for part in text.split("."))
-
-
-def _load_error(spec: str, detail: str) -> ConfigError:
-    return ConfigError(f"cannot load handler '{spec}': {_one_line(detail)}")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _import(spec: str, module_name: str, directory: str) -> types.ModuleType:
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing and (module_name == missing or module_name.startswith(missing + ".")):
-            detail = f"module '{module_name}' not found (searched {directory} and the Python path)"
-        elif missing:
-            detail = f"importing module '{module_name}' failed: module '{missing}' not found"
-        else:
-            detail = f"importing module '{module_name}' failed: {exc}"
-        raise _load_error(spec, detail) from exc
-    except Exception as exc:  # the module's own code raised while it was imported
-        detail = f"importing module '{module_name}' failed: {type(exc).__name__}: {exc}"
-        raise _load_error(spec, detail) from exc
-
-
-def _message_parameter(spec: str, signature: inspect.Signature) -> inspect.Parameter:
-    """The parameter that receives the argument; the handler must take exactly one."""
-    positional = [
-        p
-        for p in signature.parameters.values()
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    variadic = [
-        p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_POSITIONAL
-    ]
-    required = [p for p in positional if p.default is inspect.Parameter.empty]
-    keyword_only = [
-        p.name
-        for p in signature.parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
-    ]
-    one = "a handler takes one argument (the message)"
-    if len(required) > 1:
-        names = ", ".join(p.name for p in required)
-        raise _load_error(
-            spec, f"'{spec}' takes {len(required)} required arguments ({names}); {one}"
-        )
-    if keyword_only:
-        names = ", ".join(keyword_only)
-        raise _load_error(spec, f"'{spec}' has required keyword-only arguments ({names}); {one}")
-    if positional:
-        return positional[0]
-    if variadic:
-        return variadic[0]
-    raise _load_error(spec, f"'{spec}' takes no argument; {one}")
-
-
-def _annotation_scope(target: Any) -> dict[str, Any]:
-    """The globals the target's string annotations are evaluated in."""
-    candidate = target
-    for _ in range(10):  # unwrap partials, bound methods, decorators and callable instances
-        if isinstance(candidate, functools.partial):
-            candidate = candidate.func
-        elif inspect.ismethod(candidate):
-            candidate = candidate.__func__
-        elif hasattr(candidate, "__wrapped__"):
-            candidate = candidate.__wrapped__
-        elif not inspect.isfunction(candidate) and not inspect.isclass(candidate):
-            candidate = type(candidate).__call__ if callable(candidate) else candidate
-            if not inspect.isfunction(candidate):
-                break
-        else:
-            break
-    if inspect.isclass(candidate):
-        module = sys.modules.get(candidate.__module__)
-        return dict(vars(module)) if module is not None else {}
-    scope = getattr(candidate, "__globals__", None)
-    return scope if isinstance(scope, dict) else {}
-
-
-def _resolve_annotation(spec: str, target: Any, parameter: inspect.Parameter) -> Any:
-    """The parameter's annotation as an object, resolving strings (``from __future__ import
-    annotations``) with typing.get_type_hints in the handler's module. Only this one annotation
-    is resolved, so an unresolvable annotation elsewhere in the signature does not matter."""
-    raw = parameter.annotation
-    if raw is inspect.Parameter.empty or parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-        return inspect.Parameter.empty
-    holder = types.SimpleNamespace(__annotations__={parameter.name: raw})
-    try:
-        return typing.get_type_hints(holder, globalns=_annotation_scope(target))[parameter.name]
-    except Exception as exc:
-        if isinstance(raw, str) and raw.strip() in _MESSAGE_NAMES:
-            return Message  # imported under TYPE_CHECKING only: still the Message
-        raise _load_error(
-            spec,
-            f"cannot resolve the annotation {raw!r} of parameter '{parameter.name}': "
-            f"{type(exc).__name__}: {exc}",
-        ) from None
-
-
-def _input_for(
-    spec: str, parameter: inspect.Parameter, annotation: Any
-) -> tuple[HandlerInput, Any, Callable[[Message], Any] | None]:
-    if annotation is inspect.Parameter.empty or annotation is Message:
-        return HandlerInput.MESSAGE, None, None
-    if annotation is bytes:
-        return HandlerInput.BODY, None, _body
-    if annotation is str:
-        return HandlerInput.TEXT, None, _text
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        validate_json = annotation.model_validate_json
-        return HandlerInput.MODEL, annotation, lambda message: validate_json(message.body)
-    try:
-        adapter: TypeAdapter[Any] = TypeAdapter(annotation)
-    except Exception as exc:
-        raise _load_error(
-            spec,
-            f"parameter '{parameter.name}' is annotated {_type_label(annotation)}, which rmqkit "
-            f"cannot build from a message body ({type(exc).__name__}); annotate it with "
-            "rmqkit.Message, bytes, str, a pydantic model or a JSON type such as dict",
-        ) from None
-    validate = adapter.validate_json
-    return HandlerInput.MODEL, annotation, lambda message: validate(message.body)
-
-
-def _body(message: Message) -> bytes:
-    return message.body
-
-
-def _text(message: Message) -> str:
-    try:
-        return message.body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DecodeError(f"the body is not valid UTF-8: {exc}") from exc
-
-
-def _type_label(annotation: Any) -> str:
-    if isinstance(annotation, type) and not typing.get_args(annotation):
-        return annotation.__qualname__
-    return repr(annotation).replace("typing.", "")
-
-
-def _is_async(target: Any) -> bool:
-    if inspect.iscoroutinefunction(target):
-        return True
-    # an instance of a class with ``async def __call__``
-    return not inspect.isroutine(target) and inspect.iscoroutinefunction(type(target).__call__)
-
 
 # --- running -------------------------------------------------------------------------------------
 
@@ -551,8 +277,8 @@ def _validation_detail(exc: ValidationError, annotation: Any) -> str:
         shown.append(f"{location}: {error['msg']}" if location else error["msg"])
     if len(errors) > _MAX_ERRORS_SHOWN:
         shown.append(f"and {len(errors) - _MAX_ERRORS_SHOWN} more")
-    target = _type_label(annotation) if annotation is not None else exc.title
-    return _one_line(f"the body does not validate as {target}: " + "; ".join(shown))
+    target = type_label(annotation) if annotation is not None else exc.title
+    return one_line(f"the body does not validate as {target}: " + "; ".join(shown))
 
 
 __all__ = ["HandlerInput", "LoadedHandler", "load_handler", "run_handler"]

@@ -1,12 +1,12 @@
-"""One consumer process: connection, QoS, dispatch, acks, retry/park copies, reconnect, shutdown.
+"""One consumer's connection: connect, QoS, consume, batched acks, reconnect, graceful stop.
 
-Hot path (per delivery): aiormq hands each delivery to ``_on_delivery`` as its own task; the
-handler runs; success marks the tag finished and the flusher acks the finished prefix with
-``multiple=True`` every few milliseconds. A failure becomes a copy (retry → wait queue, park →
-parking queue) published with confirms and ``mandatory``; the original is marked finished only
-when the copy is confirmed. A nack or return leaves the original to come back, never acked: it
-is held for a backoff per target queue, then put back with basic.reject(requeue=True), which
-counts toward the delivery limit on every version (rmqkit.consumer.refusals).
+``Consumer`` owns the connection side: it opens the connection (failing over across the URLs with
+backoff), checks the work, wait and parking queues exist, sets the prefetch (1 while cautious
+after a crash), registers the consumer, acks the finished prefix of tags with ``multiple=True``
+every few milliseconds (the flusher), and on stop cancels the consumer, lets in-flight handlers
+finish within the grace and acks what finished. What happens to each delivery (handler, outcome,
+retry/park copy) is rmqkit.consumer.dispatch's ``Dispatcher``, which Consumer extends: aiormq
+hands each delivery to ``_on_delivery`` as its own task.
 
 A basic.cancel from the broker (4.3: the queue's consumer timeout; any version: the queue was
 deleted) is treated like a lost channel: logged, ``consuming`` false (``/readyz`` fails), and the
@@ -19,43 +19,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-from datetime import UTC, datetime
-from time import monotonic, perf_counter
+from time import monotonic
 from typing import Any
 
 import aiormq
-from aiormq.abc import AbstractChannel, DeliveredMessage
+from aiormq.abc import AbstractChannel
 
 from rmqkit.broker.amqp import connect
 from rmqkit.broker.confirms import ConfirmedPublisher
-from rmqkit.broker.fieldtypes import Timestamp
 from rmqkit.broker.pamqp_hook import typed_decoding
 from rmqkit.consumer.acks import AckTracker
-from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.config import ConsumerConfig
-from rmqkit.consumer.copies import CopySender
-from rmqkit.consumer.decision import (
-    Ack,
-    HandlerTimeout,
-    MissingMessageId,
-    Success,
-    TooLarge,
-    decide,
-)
-from rmqkit.consumer.handler import LoadedHandler, run_handler
-from rmqkit.consumer.logs import current_message
-from rmqkit.consumer.message import Message
+from rmqkit.consumer.dispatch import Dispatcher
+from rmqkit.consumer.handler import LoadedHandler
 from rmqkit.consumer.metrics import ConsumerMetrics
-from rmqkit.consumer.refusals import Backoff, RefusedCopies
-from rmqkit.consumer.threads import HandlerThreads
+from rmqkit.consumer.refusals import Backoff
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
-from rmqkit.headers import ATTEMPT
 from rmqkit.settings import Settings, mask_url
 
 log = logging.getLogger("rmqkit.consumer")
-HOST = socket.gethostname()
 _PERSISTENT = 2
 CAUTIOUS_SETTLED = 10
 # ...and for at least this long: a message that crashes workers comes back within seconds of
@@ -71,12 +53,6 @@ class ConsumerCancelled(ConnectionError):
 __all__ = ["Backoff", "Consumer", "ConsumerCancelled"]
 
 
-def _as_datetime(value: object) -> datetime | None:
-    if isinstance(value, Timestamp):
-        return value.to_datetime()
-    return value if isinstance(value, datetime) else None
-
-
 def _closing_reason(channel: AbstractChannel) -> str:
     closing = channel.closing
     if closing.done() and not closing.cancelled() and closing.exception() is not None:
@@ -84,7 +60,7 @@ def _closing_reason(channel: AbstractChannel) -> str:
     return "closed by the broker"
 
 
-class Consumer:
+class Consumer(Dispatcher):
     """Consume one work queue until ``stop()``; reconnects by itself across the URLs."""
 
     def __init__(
@@ -96,6 +72,7 @@ class Consumer:
         *,
         cautious: bool = False,
     ) -> None:
+        super().__init__(config, handler, metrics)
         self.settings = settings
         # After a crash: prefetch 1 until CAUTIOUS_SETTLED messages have been settled, so a
         # message that kills the process spends only its own delivery attempts.
@@ -103,51 +80,8 @@ class Consumer:
         self._cautious_until = CAUTIOUS_SETTLED
         self._cautious_since = monotonic()
         self._consumer_tag = ""
-        self.config = config
-        self.handler = handler
-        self.metrics = metrics
-        self._stop = asyncio.Event()
-        self._stopping = False
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._flush_wanted = asyncio.Event()
-        self._tracker = AckTracker()
-        self._publisher: ConfirmedPublisher | None = None  # the current channel's
-        self._wait_queues = config.policy.all_wait_queues
-        self._permanent = frozenset(config.policy.permanent_errors)
-        self._copies = CopySender(
-            metrics,
-            config.tier_names,
-            RefusedCopies(metrics, consumer_timeout_s=config.consumer_timeout_s),
-            self._finished,
-            self._sleep_unless_stopped,
-        )
-        # Never hold more messages than can start: a prefetched message no handler started is
-        # handed back at every stop or restart, and each return spends one of its delivery
-        # attempts (issue 9, finding 12). So the prefetch is the concurrency, and every
-        # delivery starts its handler at once: no semaphore on the hot path.
-        self.prefetch = min(config.prefetch, config.concurrency or config.prefetch)
-        self._flush_threshold = max(1, self.prefetch // 4)
-        self._pid = os.getpid()
-        self.processed = 0  # deliveries settled in this process (for tests and logs)
-        # Set when stuck sync handlers hold the handler threads: the worker exits to be
-        # restarted (see _check_threads).
-        self.recycle = False
-        # Plain `def` handlers run here: a thread per message held plus spares for calls stuck
-        # past their timeout (rmqkit.consumer.threads); never waited for at exit.
-        self.threads: HandlerThreads | None = None
-        if not handler.is_async:
-            self.threads = HandlerThreads(self.prefetch)
-            threads = self.threads
-            threads.on_change = lambda: metrics.set_stuck_handlers(threads.stuck)
 
     # --- lifecycle ---------------------------------------------------------------------------
-    def stop(self) -> None:
-        """Ask for a graceful stop: no new deliveries; in-flight ones finish within the grace."""
-        self._stopping = True
-        self._stop.set()
-
     def _enter_cautious(self) -> None:
         self._cautious = True
         self._cautious_until = self.processed + CAUTIOUS_SETTLED
@@ -215,10 +149,6 @@ class Consumer:
                 self.metrics.set_consuming(False)
                 if not conn.is_closed:
                     await asyncio.shield(self._close_quietly(conn))
-
-    async def _sleep_unless_stopped(self, delay: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), timeout=delay)
 
     @staticmethod
     async def _close_quietly(conn: Any) -> None:
@@ -371,106 +301,3 @@ class Consumer:
             tracker.alive = False  # tags die with the channel; those messages come back
             return
         self.metrics.acked(count)
-
-    # --- one delivery ------------------------------------------------------------------------
-    async def _on_delivery(self, delivered: DeliveredMessage) -> None:
-        tracker = self._tracker
-        tag: int = delivered.delivery.delivery_tag  # type: ignore[union-attr,assignment]
-        tracker.received(tag)
-        self._in_flight += 1
-        self.metrics.received()
-        self.metrics.in_flight_inc()
-        try:
-            await self._handle(delivered, tracker, tag)
-        finally:
-            self._in_flight -= 1
-            self.metrics.in_flight_dec()
-            if not self._in_flight:
-                self._idle.set()
-
-    async def _handle(self, delivered: DeliveredMessage, tracker: AckTracker, tag: int) -> None:
-        props = delivered.header.properties
-        headers: dict[str, Any] = props.headers or {}
-        body = delivered.body
-        config = self.config
-        outcome: Any
-        attempt = 1
-        if config.max_message_bytes is not None and len(body) > config.max_message_bytes:
-            outcome = TooLarge(len(body), config.max_message_bytes)
-        elif config.require_message_id and not props.message_id:
-            outcome = MissingMessageId()
-        else:
-            deliver = delivered.delivery
-            # Without x-death and our attempt header this is a first delivery: skip the parse.
-            if headers and ("x-death" in headers or ATTEMPT in headers):
-                attempt = attempt_number(headers, config.queue, wait_queues=self._wait_queues)
-            current_message.set((props.message_id, attempt))
-            message = Message(
-                body,
-                headers=headers,
-                message_id=props.message_id,
-                routing_key=deliver.routing_key or "",  # type: ignore[union-attr]
-                exchange=deliver.exchange or "",  # type: ignore[union-attr]
-                redelivered=bool(deliver.redelivered),  # type: ignore[union-attr]
-                attempt=attempt,
-                content_type=props.content_type,
-                correlation_id=props.correlation_id,
-                timestamp=_as_datetime(props.timestamp),
-                delivery_tag=tag,
-            )
-            started = perf_counter()
-            outcome = await run_handler(
-                self.handler,
-                message,
-                timeout_s=config.handler_timeout_s,
-                permanent_types=self._permanent,
-                executor=self.threads,
-            )
-            self.metrics.observe_handler(perf_counter() - started)
-        if type(outcome) is Success:
-            self._finished(tracker, tag)
-            return
-        if type(outcome) is HandlerTimeout and self.threads is not None:
-            self._check_threads(self.threads)
-        deliver = delivered.delivery
-        decision = decide(
-            outcome,
-            headers,
-            config.policy,
-            exchange=deliver.exchange or "",  # type: ignore[union-attr]
-            routing_key=deliver.routing_key or "",  # type: ignore[union-attr]
-            now=datetime.now(UTC),
-            host=HOST,
-            pid=self._pid,
-        )
-        if isinstance(decision, Ack):
-            self._finished(tracker, tag)
-            return
-        await self._copies.send(self._publisher, delivered, decision, tracker, tag, attempt)
-
-    def _check_threads(self, threads: HandlerThreads) -> None:
-        """After a sync handler's timeout: if stuck calls now hold the handler threads, say so
-        and recycle this worker (a thread cannot be stopped; a new process gets them back).
-
-        The stuck messages' retry copies go out as usual before the stop; the graceful drain
-        then lets the handlers still running finish within the grace, and the supervisor
-        restarts the worker. A message that hangs its handler every time thus spends its own
-        attempts (and, if it is running at a restart, its own delivery-limit count) only.
-        """
-        if not threads.exhausted or self.recycle:
-            return
-        self.recycle = True
-        self.metrics.threads_exhausted()
-        log.error(
-            "handler threads exhausted: %d call(s) still running past the handler timeout "
-            "(%gs) hold the spare threads; recycling this worker process",
-            threads.stuck,
-            self.config.handler_timeout_s or 0,
-        )
-        self.stop()
-
-    def _finished(self, tracker: AckTracker, tag: int) -> None:
-        tracker.finished(tag)
-        self.processed += 1
-        if tracker.pending_acks >= self._flush_threshold or not self._flush_wanted.is_set():
-            self._flush_wanted.set()

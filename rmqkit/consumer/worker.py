@@ -11,8 +11,9 @@ import sys
 
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.handler import load_handler
+from rmqkit.consumer.health_server import HealthServer
 from rmqkit.consumer.logs import configure_logging
-from rmqkit.consumer.metrics import ConsumerMetrics, HealthServer
+from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.runner import Consumer
 from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.errors import ExitCode, RmqkitError

@@ -35,10 +35,10 @@ AUDITED: dict[tuple[str, str], str] = {
         "acks the finished prefix only (AckTracker.take_ack); a tag is finished after its handler "
         "succeeded or its copy was confirmed — test_consume.py mixed outcomes, test_acks_and_config"
     ),
-    ("consumer/runner.py", "self._finished(tracker, tag)"): (
+    ("consumer/dispatch.py", "self._finished(tracker, tag)"): (
         "after Success or an Ack decision: nothing to write elsewhere (the effect is the handler's)"
     ),
-    ("consumer/runner.py", "tracker.finished(tag)"): "the one body of _finished",
+    ("consumer/dispatch.py", "tracker.finished(tag)"): "the one body of _finished",
     ("consumer/copies.py", "self._finished(tracker, tag)"): (
         "only when the retry/park copy's outcome is Outcome.CONFIRMED (asserted below) — "
         "test_consume.py returned copies, test_consume_43.py refused copies"

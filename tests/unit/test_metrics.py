@@ -11,11 +11,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rmqkit.consumer.health_server import HealthServer
 from rmqkit.consumer.metrics import (
     HANDLER_BUCKETS,
     METRICS_CONTENT_TYPE,
     ConsumerMetrics,
-    HealthServer,
 )
 from rmqkit.errors import ConfigError, ExitCode
 from rmqkit.headers import ParkingReason

@@ -1,0 +1,215 @@
+"""What happens to one delivery: the consumer's per-message hot path.
+
+``Dispatcher`` owns the state the deliveries share (the ack tracker of the current channel, the
+in-flight count, the handler threads, the copy sender) and the path of one delivery: checks
+(size, message id), the attempt number, the handler run, then the outcome: success marks the tag
+finished for the batched ack; a failure is decided (rmqkit.consumer.decision) and becomes a
+retry or park copy (rmqkit.consumer.copies), the original finished only once its copy is
+confirmed. Nothing here opens, watches or closes a connection: rmqkit.consumer.runner's
+``Consumer`` does, and acks the finished tags.
+
+Kept lean: this path creates no task, lock, semaphore or timer per delivery (aiormq already runs
+each delivery as its own task), and awaits only the handler and, on failure, the copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from datetime import UTC, datetime
+from time import perf_counter
+from typing import Any
+
+from rmqkit.broker.confirms import ConfirmedPublisher
+from rmqkit.broker.fieldtypes import Timestamp
+from rmqkit.consumer.acks import AckTracker
+from rmqkit.consumer.attempts import attempt_number
+from rmqkit.consumer.config import ConsumerConfig
+from rmqkit.consumer.copies import CopySender
+from rmqkit.consumer.decision import (
+    Ack,
+    HandlerTimeout,
+    MissingMessageId,
+    Success,
+    TooLarge,
+    decide,
+)
+from rmqkit.consumer.handler import LoadedHandler, run_handler
+from rmqkit.consumer.logs import current_message
+from rmqkit.consumer.message import Message
+from rmqkit.consumer.metrics import ConsumerMetrics
+from rmqkit.consumer.refusals import RefusedCopies
+from rmqkit.consumer.threads import HandlerThreads
+from rmqkit.headers import ATTEMPT
+
+log = logging.getLogger("rmqkit.consumer")
+HOST = socket.gethostname()
+
+
+def _as_datetime(value: object) -> datetime | None:
+    if isinstance(value, Timestamp):
+        return value.to_datetime()
+    return value if isinstance(value, datetime) else None
+
+
+class Dispatcher:
+    """Runs the handler on each delivery of one consumer and settles it by the outcome."""
+
+    def __init__(
+        self, config: ConsumerConfig, handler: LoadedHandler, metrics: ConsumerMetrics
+    ) -> None:
+        self.config = config
+        self.handler = handler
+        self.metrics = metrics
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._flush_wanted = asyncio.Event()
+        self._tracker = AckTracker()
+        self._publisher: ConfirmedPublisher | None = None  # the current channel's
+        self._wait_queues = config.policy.all_wait_queues
+        self._permanent = frozenset(config.policy.permanent_errors)
+        self._copies = CopySender(
+            metrics,
+            config.tier_names,
+            RefusedCopies(metrics, consumer_timeout_s=config.consumer_timeout_s),
+            self._finished,
+            self._sleep_unless_stopped,
+        )
+        # Never hold more messages than can start: a prefetched message no handler started is
+        # handed back at every stop or restart, and each return spends one of its delivery
+        # attempts (issue 9, finding 12). So the prefetch is the concurrency, and every
+        # delivery starts its handler at once: no semaphore on the hot path.
+        self.prefetch = min(config.prefetch, config.concurrency or config.prefetch)
+        self._flush_threshold = max(1, self.prefetch // 4)
+        self._pid = os.getpid()
+        self.processed = 0  # deliveries settled in this process (for tests and logs)
+        # Set when stuck sync handlers hold the handler threads: the worker exits to be
+        # restarted (see _check_threads).
+        self.recycle = False
+        # Plain `def` handlers run here: a thread per message held plus spares for calls stuck
+        # past their timeout (rmqkit.consumer.threads); never waited for at exit.
+        self.threads: HandlerThreads | None = None
+        if not handler.is_async:
+            self.threads = HandlerThreads(self.prefetch)
+            threads = self.threads
+            threads.on_change = lambda: metrics.set_stuck_handlers(threads.stuck)
+
+    def stop(self) -> None:
+        """Ask for a graceful stop: no new deliveries; in-flight ones finish within the grace."""
+        self._stopping = True
+        self._stop.set()
+
+    async def _sleep_unless_stopped(self, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=delay)
+
+    # --- one delivery ------------------------------------------------------------------------
+    # ``delivered``: the client's delivered message (basic.deliver frame, content header, body);
+    # typed as rmqkit.broker's delivery type once the consumer moves onto the session API.
+    async def _on_delivery(self, delivered: Any) -> None:
+        tracker = self._tracker
+        tag: int = delivered.delivery.delivery_tag
+        tracker.received(tag)
+        self._in_flight += 1
+        self.metrics.received()
+        self.metrics.in_flight_inc()
+        try:
+            await self._handle(delivered, tracker, tag)
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight_dec()
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _handle(self, delivered: Any, tracker: AckTracker, tag: int) -> None:
+        props = delivered.header.properties
+        headers: dict[str, Any] = props.headers or {}
+        body = delivered.body
+        config = self.config
+        outcome: Any
+        attempt = 1
+        if config.max_message_bytes is not None and len(body) > config.max_message_bytes:
+            outcome = TooLarge(len(body), config.max_message_bytes)
+        elif config.require_message_id and not props.message_id:
+            outcome = MissingMessageId()
+        else:
+            deliver = delivered.delivery
+            # Without x-death and our attempt header this is a first delivery: skip the parse.
+            if headers and ("x-death" in headers or ATTEMPT in headers):
+                attempt = attempt_number(headers, config.queue, wait_queues=self._wait_queues)
+            current_message.set((props.message_id, attempt))
+            message = Message(
+                body,
+                headers=headers,
+                message_id=props.message_id,
+                routing_key=deliver.routing_key or "",
+                exchange=deliver.exchange or "",
+                redelivered=bool(deliver.redelivered),
+                attempt=attempt,
+                content_type=props.content_type,
+                correlation_id=props.correlation_id,
+                timestamp=_as_datetime(props.timestamp),
+                delivery_tag=tag,
+            )
+            started = perf_counter()
+            outcome = await run_handler(
+                self.handler,
+                message,
+                timeout_s=config.handler_timeout_s,
+                permanent_types=self._permanent,
+                executor=self.threads,
+            )
+            self.metrics.observe_handler(perf_counter() - started)
+        if type(outcome) is Success:
+            self._finished(tracker, tag)
+            return
+        if type(outcome) is HandlerTimeout and self.threads is not None:
+            self._check_threads(self.threads)
+        deliver = delivered.delivery
+        decision = decide(
+            outcome,
+            headers,
+            config.policy,
+            exchange=deliver.exchange or "",
+            routing_key=deliver.routing_key or "",
+            now=datetime.now(UTC),
+            host=HOST,
+            pid=self._pid,
+        )
+        if isinstance(decision, Ack):
+            self._finished(tracker, tag)
+            return
+        await self._copies.send(self._publisher, delivered, decision, tracker, tag, attempt)
+
+    def _check_threads(self, threads: HandlerThreads) -> None:
+        """After a sync handler's timeout: if stuck calls now hold the handler threads, say so
+        and recycle this worker (a thread cannot be stopped; a new process gets them back).
+
+        The stuck messages' retry copies go out as usual before the stop; the graceful drain
+        then lets the handlers still running finish within the grace, and the supervisor
+        restarts the worker. A message that hangs its handler every time thus spends its own
+        attempts (and, if it is running at a restart, its own delivery-limit count) only.
+        """
+        if not threads.exhausted or self.recycle:
+            return
+        self.recycle = True
+        self.metrics.threads_exhausted()
+        log.error(
+            "handler threads exhausted: %d call(s) still running past the handler timeout "
+            "(%gs) hold the spare threads; recycling this worker process",
+            threads.stuck,
+            self.config.handler_timeout_s or 0,
+        )
+        self.stop()
+
+    def _finished(self, tracker: AckTracker, tag: int) -> None:
+        tracker.finished(tag)
+        self.processed += 1
+        if tracker.pending_acks >= self._flush_threshold or not self._flush_wanted.is_set():
+            self._flush_wanted.set()
