@@ -89,6 +89,12 @@ class BrokerUnavailable(BrokerError):
     exit_code = ExitCode.UNAVAILABLE
 
 
+class DatabaseUnavailable(RmqkitError):
+    """The database of a store (outbox, idempotency) cannot be reached or opened: exit 69."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
 class AccessRefused(RmqkitError):
     """Wrong credentials, or the user lacks a permission it needs."""
 
@@ -122,6 +128,7 @@ __all__ = [
     "BrokerUnavailable",
     "ConfigError",
     "DataError",
+    "DatabaseUnavailable",
     "ExitCode",
     "Interrupted",
     "PartialSuccess",
