@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import aio_pika
+import aiormq.abc
 import aiormq.exceptions as amqp_errors
 from aio_pika.abc import AbstractConnection
 
@@ -141,9 +142,19 @@ async def connection(settings: Settings, **kwargs: Any) -> AsyncIterator[Abstrac
         await conn.close()
 
 
+def raw_connection(conn: AbstractConnection) -> aiormq.abc.AbstractConnection:
+    """The aiormq connection under an open aio-pika one: the one place rmqkit reaches it
+    (``rmqkit.broker.session`` works on it; aio-pika's own channel objects cost a wrapper per
+    message, and rmqkit's publisher needs the client's channel)."""
+    transport = conn.transport
+    if transport is None:
+        raise BrokerUnavailable("the connection to the broker is closed")
+    return transport.connection
+
+
 def server_version(conn: AbstractConnection) -> tuple[int, int, int]:
     """The broker version this connection reports in its server properties."""
-    props: Any = conn.transport.connection.server_properties if conn.transport else {}
+    props: Any = raw_connection(conn).server_properties if conn.transport else {}
     raw = props.get("version", "0.0.0")
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
     return parse_version(text)

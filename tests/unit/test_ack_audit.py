@@ -20,6 +20,9 @@ SETTLING = {
     "basic_ack",
     "basic_reject",
     "basic_nack",
+    "ack",  # rmqkit.broker.channel.Channel's settling methods
+    "reject",
+    "nack",
     "queue_purge",
     "queue_delete",
     "finished",
@@ -69,6 +72,17 @@ AUDITED: dict[tuple[str, str], str] = {
     ("parking/transfer.py", "future.set_result(ok)"): (
         "export --remove: ok is True only after out.sync(publish=True) (asserted below) — "
         "test_file_safety.py full disk"
+    ),
+    # --- rmqkit.broker.channel: the client's calls behind Channel.ack/nack/reject --------------
+    ("broker/channel.py", "return self._raw.basic_ack(delivery_tag, multiple=multiple)"): (
+        "a delegation: each call of Channel.ack is audited where it is made"
+    ),
+    (
+        "broker/channel.py",
+        "return self._raw.basic_nack(delivery_tag, multiple=multiple, requeue=requeue)",
+    ): "a delegation: each call of Channel.nack is audited where it is made",
+    ("broker/channel.py", "return self._raw.basic_reject(delivery_tag, requeue=requeue)"): (
+        "a delegation: each call of Channel.reject is audited where it is made"
     ),
     # --- publisher confirms: these settle publishes, not deliveries ----------------------------
     ("broker/confirms.py", "outcome.set_result(Outcome.NACKED)"): "a publish's outcome",

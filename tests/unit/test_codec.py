@@ -26,8 +26,9 @@ from pamqp import commands as spec
 from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ContentHeader
 
-from rmqkit.broker import pamqp_hook
-from rmqkit.broker.fieldtypes import (
+from rmqkit.broker import codec
+from rmqkit.broker.codec import (
+    MAX_DEPTH,
     AmqpDecimal,
     AmqpInt,
     Float32,
@@ -38,15 +39,13 @@ from rmqkit.broker.fieldtypes import (
     Int64,
     Int64L,
     Timestamp,
+    TypedProperties,
     UInt8,
     UInt16,
     UInt32,
-)
-from rmqkit.broker.typed_properties import TypedProperties, decode_properties
-from rmqkit.broker.wire import (
-    MAX_DEPTH,
     decode_field_table,
     decode_field_value,
+    decode_properties,
     encode_field_table,
     encode_field_value,
 )
@@ -169,7 +168,7 @@ def content_header_frame(properties: spec.Basic.Properties, body_size: int = 0) 
 
 
 def typed_unmarshal(frame: bytes) -> ContentHeader:
-    with pamqp_hook.typed_decoding():
+    with codec.typed_decoding():
         _, _, header = pamqp.frame.unmarshal(frame)
     assert isinstance(header, ContentHeader)
     return header
@@ -473,50 +472,50 @@ def test_nesting_is_bounded() -> None:
 
 @pytest.fixture
 def hook_state() -> Any:
-    was = pamqp_hook.is_installed()
+    was = codec.is_installed()
     yield
     if was:
-        pamqp_hook.install()
+        codec.install()
     else:
-        pamqp_hook.uninstall()
+        codec.uninstall()
 
 
 def test_install_is_idempotent_and_uninstall_restores(hook_state: None) -> None:
-    pamqp_hook.uninstall()
+    codec.uninstall()
     original = pamqp.frame._unmarshal_header_frame
-    pamqp_hook.install()
+    codec.install()
     hook = pamqp.frame._unmarshal_header_frame
-    pamqp_hook.install()
+    codec.install()
     assert pamqp.frame._unmarshal_header_frame is hook is not original
-    pamqp_hook.uninstall()
+    codec.uninstall()
     assert pamqp.frame._unmarshal_header_frame is original
 
 
 def test_installed_pamqp_passes_the_checks() -> None:
-    assert pamqp_hook.pamqp_problems() == []
+    assert codec.pamqp_problems() == []
 
 
 def test_install_refuses_an_unknown_pamqp(
     hook_state: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pamqp_hook.uninstall()
+    codec.uninstall()
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "5.0.0")
     with pytest.raises(RmqkitError, match=r"pamqp 5\.0\.0 is not a supported"):
-        pamqp_hook.install()
-    assert not pamqp_hook.is_installed()
+        codec.install()
+    assert not codec.is_installed()
 
 
 def test_install_refuses_a_pamqp_whose_structure_changed(
     hook_state: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pamqp_hook.uninstall()
+    codec.uninstall()
     monkeypatch.setattr(spec.Basic.Properties, "flags", {"content_type": 1})
     with pytest.raises(RmqkitError, match="flag bits changed"):
-        pamqp_hook.install()
+        codec.install()
 
 
 def test_hook_is_inert_outside_typed_decoding(hook_state: None) -> None:
-    pamqp_hook.install()
+    codec.install()
     frame = content_header_frame(TypedProperties(headers={"k": Int16(5)}))
     _, _, header = pamqp.frame.unmarshal(frame)
     assert isinstance(header, ContentHeader)
@@ -538,7 +537,7 @@ def test_typed_decoding_follows_the_task_that_reads(hook_state: None) -> None:
 
     async def main() -> tuple[type, type]:
         go = asyncio.Event()
-        with pamqp_hook.typed_decoding():
+        with codec.typed_decoding():
             typed_task = asyncio.create_task(reader(asyncio.Event(), go))
         plain_task = asyncio.create_task(reader(asyncio.Event(), go))
         await asyncio.sleep(0)

@@ -37,7 +37,6 @@ CLIENT_IMPORTS_LEFT = {
     "parking/browse.py",
     "parking/model.py",
     "parking/ops.py",
-    "parking/records.py",
     "parking/transfer.py",
     "publish.py",
 }

@@ -1,0 +1,186 @@
+"""An AMQP session: one connection from ``Settings``, its channels, probes and publishers.
+
+Everything rmqkit does over AMQP goes through a ``Session`` (the management HTTP API has
+``rmqkit.broker.management``). It opens the connection with rmqkit's error mapping and URL
+failover (``rmqkit.broker.amqp.connect``), optionally decoding headers with their exact AMQP
+types (``typed=True``, see ``rmqkit.broker.codec``), and reaches the client's raw connection in
+one place (``rmqkit.broker.amqp.raw_connection``).
+
+    async with session(settings, name="rmqkit export q", typed=True) as s:
+        depth = await s.queue_depth("q")            # QueueDepth(ready, consumers); 65 if missing
+        if not await s.queue_exists("other"): ...
+        channel = await s.channel(confirms=True)    # Channel; channel.publisher: ConfirmedPublisher
+        outcome = await (await channel.publisher.publish(body, exchange="", routing_key="q",
+                                                          properties=props))
+
+Probes (``queue_depth``, ``queue_exists``, ``require_queue``, ``require_exchange``) share one
+channel per session, opened on first use and reopened after a probe of a missing object (the
+broker closes a channel on a 404). One channel rather than one per probe: opening a channel
+right after closing one was seen to get the closed one's Close-Ok (aiormq reuses the number).
+
+How the consumer (``consumer/runner.py``, ``consumer/copies.py``) uses it, with no aiormq import:
+
+* connect: ``s = await open_session(settings, urls=order, name=..., typed=True)`` (typed: a
+  header value pamqp cannot decode must not fail the whole connection); ``s.is_closed``,
+  ``await s.close()``; ``s.display_url`` (masked) for the log line; reconnect on
+  ``except CONNECTION_ERRORS`` (a broker ``basic.cancel`` is the consumer's own exception).
+* targets: ``if not await s.queue_exists(name): raise ConfigError(...)`` per queue.
+* the channel: ``channel = await s.channel(confirms=True)``; ``await channel.qos(n)``;
+  ``tag = await channel.consume(queue, on_delivery)`` where ``on_delivery(delivery: Delivery)``;
+  ``await channel.cancel(tag)``; ``channel.add_cancel_listener(fn)`` /
+  ``discard_cancel_listener(fn)``, ``fn(consumer_tag)`` on a broker-initiated cancel;
+  ``channel.closing`` (future) and ``channel.closed_reason()``; ``await channel.close()``
+  (also stops its publisher).
+* acks: ``await channel.ack(tag, multiple=True)``, ``channel.nack(tag, multiple=..., requeue=...)``,
+  ``channel.reject(tag, requeue=True)``.
+* a delivery: ``delivery.delivery.delivery_tag`` / ``.redelivered`` / ``.exchange`` /
+  ``.routing_key``, ``delivery.header.properties``, ``delivery.body`` (``Delivery``, a Protocol
+  the client's object satisfies: no allocation per message).
+* copies: ``channel.publisher.publish(body, exchange="", routing_key=target, properties=
+  copy_properties(props, headers))`` (``rmqkit.broker.codec``), settled as an ``Outcome``;
+  ``channel.owns(delivery)`` replaces ``publisher.channel is delivered.channel``, and the
+  original is rejected with ``channel.reject`` on that same channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, nullcontext
+
+import aiormq.abc
+from aio_pika.abc import AbstractConnection
+
+from rmqkit.broker.amqp import connect, parse_version, raw_connection
+from rmqkit.broker.channel import CONNECTION_ERRORS, Channel, Delivery, OnDelivery, QueueDepth
+from rmqkit.broker.codec import typed_decoding
+from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
+from rmqkit.errors import RmqkitError
+from rmqkit.settings import Settings, mask_url
+
+DEFAULT_WINDOW = 1000  # unconfirmed publishes in flight per publisher
+
+
+class Session:
+    """One open AMQP connection (see the module docstring)."""
+
+    def __init__(self, connection: AbstractConnection | aiormq.abc.AbstractConnection) -> None:
+        # An aio-pika connection (what ``connect`` opens) or a bare aiormq one (tests).
+        self._owner = connection
+        self._raw: aiormq.abc.AbstractConnection = (
+            connection
+            if isinstance(connection, aiormq.abc.AbstractConnection)
+            else raw_connection(connection)
+        )
+        self._probe: Channel | None = None
+
+    @classmethod
+    def of(cls, connection: Session | object) -> Session:
+        """``connection`` as a Session (an open aio-pika or aiormq connection is wrapped)."""
+        if isinstance(connection, Session):
+            return connection
+        if isinstance(connection, AbstractConnection | aiormq.abc.AbstractConnection):
+            return cls(connection)
+        raise TypeError(f"not an AMQP connection: {type(connection).__name__}")
+
+    # --- the connection -------------------------------------------------------------------------
+    @property
+    def is_closed(self) -> bool:
+        """Whether the connection is closed."""
+        return bool(self._owner.is_closed)
+
+    @property
+    def display_url(self) -> str:
+        """The URL connected to, with the password masked."""
+        return mask_url(str(self._raw.url))
+
+    @property
+    def server_version(self) -> tuple[int, int, int]:
+        """The broker version from the connection's server properties."""
+        raw = (self._raw.server_properties or {}).get("version", "0.0.0")
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return parse_version(text)
+
+    async def close(self) -> None:
+        """Close the connection (and with it every channel)."""
+        await self._owner.close()
+
+    # --- channels -------------------------------------------------------------------------------
+    async def channel(self, *, confirms: bool = False, window: int = DEFAULT_WINDOW) -> Channel:
+        """A new channel; with ``confirms``, in confirm mode with a ``ConfirmedPublisher``
+        (``window`` publishes in flight) as ``channel.publisher``."""
+        raw = await self._raw.channel(publisher_confirms=confirms)
+        publisher = ConfirmedPublisher(raw, window=window) if confirms else None
+        return Channel(raw, publisher)
+
+    async def _probe_channel(self) -> Channel:
+        if self._probe is None or self._probe.is_closed:
+            self._probe = await self.channel()
+        return self._probe
+
+    # --- probes ---------------------------------------------------------------------------------
+    async def queue_depth(self, queue: str) -> QueueDepth:
+        """Ready messages and consumers of ``queue``; DataError (65) if it does not exist."""
+        return await (await self._probe_channel()).queue_depth(queue)
+
+    async def queue_exists(self, queue: str) -> bool:
+        """Whether ``queue`` exists."""
+        return await (await self._probe_channel()).queue_exists(queue)
+
+    async def require_queue(self, queue: str, error: type[RmqkitError], advice: str) -> None:
+        """Raise ``error("queue 'q' does not exist — <advice>")`` unless ``queue`` exists."""
+        if not await self.queue_exists(queue):
+            raise error(f"queue {queue!r} does not exist — {advice}")
+
+    async def require_exchange(self, exchange: str) -> None:
+        """DataError (65) unless ``exchange`` exists (the default exchange always does)."""
+        await (await self._probe_channel()).require_exchange(exchange)
+
+
+async def open_session(
+    settings: Settings,
+    *,
+    name: str = "rmqkit",
+    urls: list[str] | None = None,
+    typed: bool = False,
+) -> Session:
+    """Connect to the first URL that answers (``urls``, else the configured ones).
+
+    ``typed``: deliveries carry ``TypedProperties`` with the exact AMQP types of their header
+    values (an export must keep them; pamqp's own decoder fails the connection on some values
+    RabbitMQ accepts). Raises AccessRefused (77) or BrokerUnavailable (69) as ``connect`` does.
+    """
+    with typed_decoding() if typed else nullcontext():
+        conn = await connect(settings, name=name, urls=urls)
+    return Session(conn)
+
+
+@asynccontextmanager
+async def session(
+    settings: Settings,
+    *,
+    name: str = "rmqkit",
+    urls: list[str] | None = None,
+    typed: bool = False,
+) -> AsyncIterator[Session]:
+    """``async with session(settings) as s:`` — ``open_session``, always closed."""
+    opened = await open_session(settings, name=name, urls=urls, typed=typed)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+__all__ = [
+    "CONNECTION_ERRORS",
+    "DEFAULT_WINDOW",
+    "Channel",
+    "ConfirmedPublisher",
+    "Delivery",
+    "OnDelivery",
+    "Outcome",
+    "QueueDepth",
+    "Session",
+    "open_session",
+    "outcome_of",
+    "session",
+]
