@@ -17,6 +17,7 @@ from rmqkit.errors import (
     UnsupportedDependency,
     UsageError,
 )
+from rmqkit.idempotency.record import Transaction
 from rmqkit.settings import Settings, load_settings
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Settings",
     "TopologyConflict",
     "TopologyFileError",
+    "Transaction",
     "UnsupportedDependency",
     "UsageError",
     "__version__",

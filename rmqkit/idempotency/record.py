@@ -1,0 +1,91 @@
+"""Recording a message id inside the caller's transaction, and the ``rmqkit.Transaction`` type.
+
+``record(tx, message_id)`` inserts the id into ``rmqkit_processed`` with
+``INSERT … ON CONFLICT (message_id) DO NOTHING`` and returns whether the row is new. Because it
+runs in the caller's open transaction, the id and the caller's own writes commit or roll back
+together (seed 003: the effect belongs in the same transaction). On PostgreSQL two
+transactions inserting the same id serialize on the unique index: the second waits until the
+first commits and then finds the conflict (False: a duplicate, not an error) — or, if the first
+rolled back, inserts it (True). On SQLite the write lock serializes them the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from rmqkit.idempotency.schema import PROCESSED_TABLE
+from rmqkit.store import AsyncConnection, Dialect, SyncConnection, dialect_of
+
+
+class Transaction(Protocol):
+    """The open database transaction a handler writes its own rows on.
+
+    Annotate a handler's second parameter with it, and ``rmqkit consume --dedupe DSN`` passes
+    the connection of the transaction that also records the message id: commit happens after the
+    handler returns, rollback if it raises. It is the driver's own connection — a
+    ``sqlite3.Connection`` or ``psycopg.Connection`` for a plain ``def`` handler, a
+    ``psycopg.AsyncConnection`` or rmqkit's async SQLite connection (``await tx.execute(...)``)
+    for an ``async def`` one. SQL placeholders are the driver's: ``?`` on SQLite, ``%s`` on
+    PostgreSQL. Never commit, roll back or close it in the handler.
+    """
+
+    def execute(self, query: Any, params: Any = ..., /) -> Any:
+        """Run one statement in the transaction (a coroutine on the asyncio connections)."""
+        ...
+
+
+def insert_sql(dialect: Dialect) -> str:
+    """The statement ``record`` runs (parameters: message_id, queue)."""
+    return dialect.q(
+        f"INSERT INTO {PROCESSED_TABLE} (message_id, queue, processed_at) "
+        f"VALUES (?, ?, {dialect.now}) ON CONFLICT (message_id) DO NOTHING"
+    )
+
+
+def insert_many_sql(dialect: Dialect, count: int) -> str:
+    """One statement recording ``count`` ids at once (parameters: queue, then the ids in the
+    order to lock them); returns the ids that were new."""
+    rows = ", ".join([f"(?, ?, {dialect.now})"] * count)
+    return dialect.q(
+        f"INSERT INTO {PROCESSED_TABLE} (message_id, queue, processed_at) VALUES {rows} "
+        "ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+    )
+
+
+def forget_sql(dialect: Dialect) -> str:
+    """Remove one id again inside the transaction (its handler failed)."""
+    return dialect.q(f"DELETE FROM {PROCESSED_TABLE} WHERE message_id = ?")
+
+
+def _checked(message_id: str) -> str:
+    if not isinstance(message_id, str) or not message_id:
+        raise ValueError("record: the message_id must be a non-empty string")
+    return message_id
+
+
+def record(tx: SyncConnection, message_id: str, *, queue: str = "") -> bool:
+    """Insert ``message_id`` into ``rmqkit_processed`` in the open transaction ``tx``; True if
+    it is new (apply the message), False if it was already recorded (a duplicate: skip it).
+
+    ``tx``: a ``sqlite3.Connection`` or ``psycopg.Connection`` inside a transaction the caller
+    commits together with its own writes. Never commits.
+    """
+    cursor: Any = tx.execute(insert_sql(dialect_of(tx)), (_checked(message_id), queue))
+    return bool(cursor.rowcount == 1)
+
+
+async def record_async(tx: AsyncConnection, message_id: str, *, queue: str = "") -> bool:
+    """``record`` on an asyncio connection (psycopg ``AsyncConnection`` or rmqkit's async
+    SQLite connection)."""
+    cursor: Any = await tx.execute(insert_sql(dialect_of(tx)), (_checked(message_id), queue))
+    return bool(cursor.rowcount == 1)
+
+
+__all__ = [
+    "Transaction",
+    "forget_sql",
+    "insert_many_sql",
+    "insert_sql",
+    "record",
+    "record_async",
+]

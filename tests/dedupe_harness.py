@@ -1,0 +1,62 @@
+"""Stores for the idempotency tests: a fresh SQLite file, or a fresh PostgreSQL schema.
+
+PostgreSQL is RMQKIT_TEST_POSTGRES_DSN (default the local ``test`` database, trust auth); each
+store is a schema of its own (the DSN's search_path), dropped afterwards, so tests and other
+helpers' tables never meet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+BASE_PG_DSN = os.environ.get(
+    "RMQKIT_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test"
+)
+BACKENDS = ("sqlite", "postgresql")
+
+
+@contextlib.contextmanager
+def pg_schema_dsn(prefix: str = "rmqkit_dedupe") -> Iterator[str]:
+    """A DSN whose search_path is a new schema, dropped at the end."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(BASE_PG_DSN, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in BASE_PG_DSN else "?"
+    try:
+        yield f"{BASE_PG_DSN}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(BASE_PG_DSN, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@contextlib.contextmanager
+def store_dsn(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A DSN of an empty store of ``backend`` ("sqlite" or "postgresql")."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'dedupe.db'}"
+        return
+    with pg_schema_dsn() as dsn:
+        yield dsn
+
+
+def query(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement on a new connection (autocommit) and return its rows."""
+    if dsn.startswith("sqlite:"):
+        db = sqlite3.connect(dsn.removeprefix("sqlite:///"), timeout=30)
+        try:
+            rows = list(db.execute(sql.replace("%s", "?"), params))
+            db.commit()
+            return rows
+        finally:
+            db.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(sql, params)
+        return list(cursor.fetchall()) if cursor.description else []
