@@ -2,9 +2,106 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
+
+from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from
+from rmqkit.errors import UsageError
+from rmqkit.outbox import RelayOptions, init, outbox_status, run_relay
+from rmqkit.outbox.relay import parse_retention
 
 app = typer.Typer(
     help="Transactional outbox: create its table, relay pending rows to RabbitMQ, show its state.",
     no_args_is_help=True,
 )
+
+DSN_HELP = "Database: sqlite:///app.db, sqlite:////abs/app.db or postgresql://user@host:5432/db."
+
+
+def _dsn_option() -> str:
+    return typer.Option(..., "--dsn", envvar="RMQKIT_OUTBOX_DSN", help=DSN_HELP)  # type: ignore[no-any-return]
+
+
+@app.command("init")
+def init_cmd(dsn: str = _dsn_option()) -> None:
+    """Create the table rmqkit_outbox and its indexes (and on PostgreSQL its NOTIFY trigger);
+    safe to run again."""
+    init(dsn)
+    typer.echo("outbox table rmqkit_outbox ready")
+
+
+@app.command("relay")
+def relay_cmd(
+    ctx: typer.Context,
+    dsn: str = _dsn_option(),
+    batch: int = typer.Option(200, "--batch", min=1, max=10000, help="Rows claimed per batch."),
+    poll: str = typer.Option("500ms", "--poll", help="Polling interval (fallback to NOTIFY)."),
+    once: bool = typer.Option(
+        False, "--once", help="Publish what is pending and exit: 0 all, 3 some left, 69 down."
+    ),
+    retention: str = typer.Option(
+        "7d", "--retention", help="Delete published rows older than this (7d, 12h; off)."
+    ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", help="Serve Prometheus metrics on this port."
+    ),
+) -> None:
+    """Publish pending outbox rows with confirms, then mark them published (runs until SIGTERM,
+    which finishes the batch in flight). Exit codes: 0 ok, 3 rows left pending (--once),
+    69 broker or database unreachable, 78 bad DSN or no table."""
+    try:
+        retention_s = parse_retention(retention)
+    except ValueError as exc:
+        raise UsageError(f"--retention: {exc}") from None
+    options = RelayOptions(
+        dsn=dsn,
+        batch=batch,
+        poll_s=seconds(poll, "--poll"),
+        once=once,
+        retention_s=retention_s,
+        metrics_port=metrics_port,
+    )
+    report = run_async(run_relay(settings_from(ctx), options))
+    if once:
+        typer.echo(
+            f"published {report.published}, returned {report.returned}, nacked {report.nacked}, "
+            f"failed {report.failed}; left pending {report.left_pending}"
+        )
+        for message_id, error in list(report.errors.items())[:10]:
+            typer.echo(f"  {message_id}: {error}", err=True)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command("status")
+def status_cmd(
+    dsn: str = _dsn_option(),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document."),
+    max_pending: int | None = typer.Option(
+        None, "--max-pending", help="Check: critical (2) above N, warning (1) above 80%."
+    ),
+    max_age: str | None = typer.Option(
+        None, "--max-age", help="Check: critical (2) if the oldest pending row is older."
+    ),
+) -> None:
+    """Pending rows, oldest pending age, published in the last hour, failing rows. A monitoring
+    check: exit 0 ok, 1 warning (failing rows, 80% of a limit), 2 critical (a limit exceeded)."""
+    result = outbox_status(
+        dsn, max_pending=max_pending, max_age_s=seconds_option(max_age, "--max-age")
+    )
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+    else:
+        age = result.oldest_pending_age_s
+        typer.echo(f"pending              {result.pending}")
+        typer.echo(f"oldest pending age   {'-' if age is None else f'{age:.1f}s'}")
+        typer.echo(f"published last hour  {result.published_last_hour}")
+        typer.echo(f"failing              {result.failing}")
+        for row in result.failing_rows:
+            typer.echo(
+                f"  id {row.id} {row.message_id} -> {row.exchange!r}/{row.routing_key!r} "
+                f"attempts {row.attempts}, retry in {row.retry_in_s:.0f}s: {row.last_error}"
+            )
+        for reason in result.reasons:
+            typer.echo(f"check: {reason}")
+    raise typer.Exit(result.status)

@@ -1,0 +1,127 @@
+"""The relay's and status's SQL, built once per dialect.
+
+Ordering (docs/outbox.md, "Order"): a row is claimed only when every earlier pending row of
+its aggregate is claimable too (a row backing off after a failure holds back the rest of its
+aggregate), in id order. On PostgreSQL a relay claims inside a transaction that stays open
+until its batch is marked, holding ``FOR UPDATE SKIP LOCKED`` row locks and one transaction
+advisory lock per aggregate (``pg_try_advisory_xact_lock(727002, hashtext(aggregate))``): a
+second relay skips every row of an aggregate the first holds, so rows of one aggregate are never
+in flight on two relays, and the next relay to take the aggregate sees the first one's marks.
+On SQLite one relay at a time holds a lease (``rmqkit_outbox_lease``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from rmqkit.outbox.schema import LEASE_TABLE, TABLE
+from rmqkit.store import Dialect
+
+ROW_COLUMNS: Final = (
+    "id",
+    "message_id",
+    "exchange",
+    "routing_key",
+    "body",
+    "headers",
+    "content_type",
+    "aggregate",
+    "attempts",
+)
+AGGREGATE_LOCK_SPACE: Final = 727002  # first key of the two-key advisory locks
+RETENTION_CHUNK: Final = 500  # rows per retention DELETE: short transactions, small WAL bursts
+FAILING_SHOWN: Final = 20
+
+
+@dataclass(frozen=True)
+class Queries:
+    """The SQL of one dialect (``?`` already turned into its placeholder)."""
+
+    claim_due: str  # params: limit
+    claim_once: str  # params: run_start, run_start, limit
+    mark_published_prefix: str  # + "(?, ?, ...)" for the ids
+    mark_failed: str  # params: error, backoff seconds, id
+    delete_published: str  # params: retention seconds, chunk
+    now: str
+    pending: str  # -> count, oldest created_at, now
+    failing_count: str
+    failing_rows: str  # params: limit
+    published_since: str  # params: seconds
+    pending_before: str  # params: max id -> count
+    max_id: str
+    lease: str  # params: holder, seconds
+    release: str  # params: holder
+
+
+def queries_for(dialect: Dialect) -> Queries:
+    """Build the queries of ``dialect``."""
+    now = dialect.now
+    pg = dialect.name == "postgresql"
+
+    def claim(due: str) -> str:
+        ready = due.format(a="o")
+        blocked = due.format(a="e")
+        lock = (
+            f" AND (o.aggregate IS NULL OR pg_try_advisory_xact_lock({AGGREGATE_LOCK_SPACE}, "
+            "hashtext(o.aggregate)))"
+            if pg
+            else ""
+        )
+        return dialect.q(
+            f"SELECT {', '.join('o.' + c for c in ROW_COLUMNS)} FROM {TABLE} o "
+            f"WHERE o.published_at IS NULL AND ({ready}) AND (o.aggregate IS NULL OR NOT EXISTS "
+            f"(SELECT 1 FROM {TABLE} e WHERE e.aggregate = o.aggregate AND e.published_at IS NULL"
+            f" AND e.id < o.id AND NOT ({blocked}))){lock} ORDER BY o.id LIMIT ?"
+            + (" FOR UPDATE OF o SKIP LOCKED" if pg else "")
+        )
+
+    return Queries(
+        claim_due=claim(f"{{a}}.next_attempt_at <= {now}"),
+        # --once tries every pending row once, whatever its back-off: the run is the retry.
+        claim_once=claim("{a}.last_attempt_at IS NULL OR {a}.last_attempt_at < ?"),
+        mark_published_prefix=(
+            f"UPDATE {TABLE} SET published_at = {now}, last_attempt_at = {now}, "
+            "attempts = attempts + 1, last_error = NULL WHERE id IN "
+        ),
+        mark_failed=dialect.q(
+            f"UPDATE {TABLE} SET attempts = attempts + 1, last_attempt_at = {now}, "
+            f"last_error = ?, next_attempt_at = {now} + ? WHERE id = ?"
+        ),
+        delete_published=dialect.q(
+            f"DELETE FROM {TABLE} WHERE id IN (SELECT id FROM {TABLE} WHERE published_at IS NOT "
+            f"NULL AND published_at < {now} - ? LIMIT ?)"
+        ),
+        now=f"SELECT {now}",
+        pending=(
+            f"SELECT count(*), min(created_at), {now} FROM {TABLE} WHERE published_at IS NULL"
+        ),
+        failing_count=(
+            f"SELECT count(*) FROM {TABLE} WHERE published_at IS NULL AND last_error IS NOT NULL"
+        ),
+        failing_rows=dialect.q(
+            "SELECT id, message_id, exchange, routing_key, aggregate, attempts, last_error, "
+            f"next_attempt_at FROM {TABLE} WHERE published_at IS NULL AND last_error IS NOT NULL "
+            "ORDER BY id LIMIT ?"
+        ),
+        published_since=dialect.q(
+            f"SELECT count(*) FROM {TABLE} WHERE published_at IS NOT NULL AND published_at >= "
+            f"{now} - ?"
+        ),
+        pending_before=dialect.q(
+            f"SELECT count(*) FROM {TABLE} WHERE published_at IS NULL AND id <= ?"
+        ),
+        max_id=f"SELECT coalesce(max(id), 0) FROM {TABLE}",
+        lease=dialect.q(
+            f"INSERT INTO {LEASE_TABLE} (name, holder, expires_at) VALUES ('relay', ?, {now} + ?)"
+            " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = "
+            f"excluded.expires_at WHERE {LEASE_TABLE}.holder = excluded.holder OR "
+            f"{LEASE_TABLE}.expires_at < {now}"
+        ),
+        release=dialect.q(f"DELETE FROM {LEASE_TABLE} WHERE holder = ?"),
+    )
+
+
+def ids_in(dialect: Dialect, count: int) -> str:
+    """``(?, ?, ...)`` for ``count`` ids."""
+    return f"({dialect.params(count)})"

@@ -1,0 +1,367 @@
+"""The outbox relay: claim pending rows, publish them with confirms, then mark them published.
+
+Publish first, mark second: a row is marked only after the broker confirmed it, so a crash
+between the two leaves it pending and it is published again (at-least-once; the duplicates are
+exactly the rows of the batch in flight at the crash). How rows are claimed, and why rows of one
+aggregate are never in flight on two relays, is in ``rmqkit.outbox.queries``.
+
+A returned, nacked or otherwise failed row stays pending with ``attempts`` + 1, its
+``last_error``, and a back-off (1 s doubling to 5 min, jittered) before it is due again; rows of
+its aggregate behind it wait with it. ``--once`` tries each pending row once and reports what is
+left. SIGTERM lets the batch in flight finish (published rows are marked) and returns.
+
+Test-only hook, read by nothing else: ``RMQKIT_OUTBOX_TEST_PAUSE_BEFORE_MARK=<seconds>`` makes the
+relay sleep between the confirms of a batch and its marks, after touching the file named by
+``RMQKIT_OUTBOX_TEST_PAUSE_FILE`` (the crash tests kill it there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from rmqkit.broker.session import CONNECTION_ERRORS, Outcome
+from rmqkit.errors import BrokerUnavailable, ConfigError, RmqkitError
+from rmqkit.outbox.amqp import Broker, Row
+from rmqkit.outbox.metrics import RelayMetrics
+from rmqkit.outbox.queries import RETENTION_CHUNK, ids_in, queries_for
+from rmqkit.outbox.schema import CHANNEL, TABLE
+from rmqkit.settings import Settings
+from rmqkit.store import AsyncConnection, Store, map_db_error, open_connection_async
+from rmqkit.store import transaction_async as db_transaction
+
+log = logging.getLogger("rmqkit.outbox")
+
+BACKOFF_MAX_S: Final = 300.0
+RETENTION_EVERY_S: Final = 60.0
+GAUGES_EVERY_S: Final = 2.0
+RECONNECT_MAX_S: Final = 30.0
+_PAUSE_ENV: Final = "RMQKIT_OUTBOX_TEST_PAUSE_BEFORE_MARK"
+_PAUSE_FILE_ENV: Final = "RMQKIT_OUTBOX_TEST_PAUSE_FILE"
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    """What ``rmqkit outbox relay`` was asked to do."""
+
+    dsn: str
+    batch: int = 200
+    poll_s: float = 0.5
+    once: bool = False
+    retention_s: float | None = 7 * 86400.0
+    metrics_port: int | None = None
+    lease_s: float = 30.0  # SQLite: how long a relay's lease outlives its last renewal
+
+
+@dataclass
+class RelayReport:
+    """What a relay run did; ``left_pending`` is set by ``--once``."""
+
+    published: int = 0
+    returned: int = 0
+    nacked: int = 0
+    failed: int = 0
+    batches: int = 0
+    left_pending: int = 0
+    errors: dict[str, str] = field(default_factory=dict)  # message_id -> last error (a sample)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing is left pending, 3 (partial) otherwise."""
+        return 3 if self.left_pending else 0
+
+
+class Relay:
+    """One relay process's loop (see the module docstring)."""
+
+    def __init__(self, settings: Settings, options: RelayOptions) -> None:
+        self.options = options
+        self.store = Store(options.dsn)
+        self.sql = queries_for(self.store.dialect)
+        self.pg = self.store.dialect.name == "postgresql"
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.broker = Broker(settings, window=max(options.batch, 1), name="rmqkit outbox relay")
+        self.metrics = RelayMetrics()
+        self.report = RelayReport()
+        self.stop = asyncio.Event()
+        self._conn: AsyncConnection | None = None
+        self._listener: Any = None
+        self._next_retention = 0.0
+        self._next_gauges = 0.0
+
+    # --- life cycle ----------------------------------------------------------------------------
+    async def run(self) -> RelayReport:
+        """Relay until stopped (SIGTERM) or, with ``once``, until nothing is due."""
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGTERM, self.stop.set)
+        if self.options.metrics_port is not None:
+            self.metrics.serve(self.options.metrics_port)
+        try:
+            if self.options.once:
+                await self._connect()
+                await self._once()
+            else:
+                await self._forever()
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signal.SIGTERM)
+            await self._disconnect()
+        return self.report
+
+    async def _connect(self) -> None:
+        # The database first: a bad DSN or a missing table is a configuration error (78) that
+        # should not wait on the broker.
+        self._conn = await open_connection_async(self.store.dsn)
+        await self._check_table()
+        if self.pg:
+            self._listener = await open_connection_async(self.store.dsn)
+            await self._listener.execute(f"LISTEN {CHANNEL}")
+        await self.broker.open()
+
+    async def _disconnect(self) -> None:
+        await self.broker.close()
+        for conn in (self._conn, self._listener):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    if not self.pg:
+                        await conn.execute(self.sql.release, (self.holder,))
+                    await conn.close()
+        self._conn = self._listener = None
+
+    async def _check_table(self) -> None:
+        try:
+            await self._fetch(self.sql.max_id)
+        except Exception as exc:
+            text = str(exc)
+            if "does not exist" in text or "no such table" in text:
+                raise ConfigError(
+                    f"{self.store.dsn.masked} has no table {TABLE} — create it with "
+                    f"`rmqkit outbox init --dsn ...` (or your migrations, docs/outbox.md)"
+                ) from None
+            raise
+
+    async def _forever(self) -> None:
+        delay = 1.0
+        while not self.stop.is_set():
+            try:
+                await self._connect()
+                delay = 1.0
+                await self._serve()
+            except Exception as exc:
+                error = self._mapped(exc)
+                if isinstance(error, ConfigError) or not _is_unavailable(error):
+                    raise error from exc
+                log.warning("outbox relay: %s; reconnecting in %.0f s", error, delay)
+                await self._disconnect()
+                await self._sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+
+    def _mapped(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, RmqkitError):
+            return exc
+        mapped = map_db_error(exc, self.store.dsn)
+        if mapped is not None:
+            return mapped
+        if isinstance(exc, CONNECTION_ERRORS):
+            return BrokerUnavailable(f"broker connection lost: {exc}")
+        return exc
+
+    # --- the loops -----------------------------------------------------------------------------
+    async def _once(self) -> None:
+        try:
+            run_start = (await self._fetch(self.sql.now))[0][0]
+            last = (await self._fetch(self.sql.max_id))[0][0]
+            while not self.stop.is_set():
+                claimed = await self._batch(self.sql.claim_once, (run_start, run_start))
+                if claimed == 0:
+                    break
+            await self._retention(force=True)
+            left = (await self._fetch(self.sql.pending_before, (last,)))[0][0]
+        except Exception as exc:
+            raise self._mapped(exc) from exc
+        self.report.left_pending = int(left)
+
+    async def _serve(self) -> None:
+        while not self.stop.is_set():
+            if not self.pg and not await self._lease():
+                await self._wait(self.options.poll_s)
+                continue
+            claimed = await self._batch(self.sql.claim_due, ())
+            await self._retention()
+            await self._gauges()
+            if claimed < self.options.batch:
+                await self._wait(self.options.poll_s)
+
+    async def _lease(self) -> bool:
+        """SQLite: take or renew the relay lease; False while another relay holds it."""
+        assert self._conn is not None
+        cursor = await self._conn.execute(self.sql.lease, (self.holder, self.options.lease_s))
+        held = bool(cursor.rowcount)
+        if not held:
+            log.info("outbox relay: another relay holds the SQLite lease; waiting")
+        return held
+
+    # --- one batch -----------------------------------------------------------------------------
+    async def _batch(self, claim: str, params: tuple[Any, ...]) -> int:
+        """Claim, publish, mark one batch; the number of rows claimed."""
+        conn = self._conn
+        assert conn is not None
+        # PostgreSQL: the claim's row and aggregate locks last until the marks commit.
+        scope: Any = conn.transaction() if self.pg else contextlib.nullcontext()  # type: ignore[union-attr]
+        async with scope:
+            rows = [Row.of(v) for v in await self._fetch(claim, (*params, self.options.batch))]
+            if not rows:
+                return 0
+            outcomes = await self._publish(rows)
+            await _test_pause()
+            await self._mark(rows, outcomes)
+        self.report.batches += 1
+        if self.broker.lost:
+            raise BrokerUnavailable("the broker connection was lost during a batch")
+        return len(rows)
+
+    async def _publish(self, rows: Sequence[Row]) -> list[Outcome | str]:
+        results: list[Outcome | str] = [""] * len(rows)
+        sendable: list[int] = []
+        for i, row in enumerate(rows):
+            if await self.broker.exchange_exists(row.exchange):
+                sendable.append(i)
+            else:
+                results[i] = f"exchange {row.exchange!r} does not exist"
+        outcomes = await self.broker.publish([rows[i] for i in sendable])
+        for i, outcome in zip(sendable, outcomes, strict=True):
+            results[i] = outcome
+        return results
+
+    async def _mark(self, rows: Sequence[Row], outcomes: Sequence[Outcome | str]) -> None:
+        assert self._conn is not None
+        done = [row.id for row, o in zip(rows, outcomes, strict=True) if o is Outcome.CONFIRMED]
+        failed: list[tuple[str, float, int]] = []
+        for row, outcome in zip(rows, outcomes, strict=True):
+            if outcome is Outcome.CONFIRMED:
+                continue
+            error = _describe(row, outcome)
+            self._count_failure(outcome)
+            if len(self.report.errors) < 100:
+                self.report.errors[row.message_id] = error
+            backoff = min(BACKOFF_MAX_S, 2.0**row.attempts) * random.uniform(0.5, 1.0)
+            failed.append((error, backoff, row.id))
+        async with db_transaction(self._conn) as conn:
+            if done:
+                sql = self.store.dialect.q(
+                    self.sql.mark_published_prefix + ids_in(self.store.dialect, len(done))
+                )
+                await conn.execute(sql, done)
+            for values in failed:
+                await conn.execute(self.sql.mark_failed, values)
+        self.report.published += len(done)
+        self.metrics.published.inc(len(done))
+
+    def _count_failure(self, outcome: Outcome | str) -> None:
+        if outcome is Outcome.RETURNED:
+            self.report.returned += 1
+            self.metrics.returned.inc()
+        elif outcome is Outcome.NACKED:
+            self.report.nacked += 1
+            self.metrics.nacked.inc()
+        else:
+            self.report.failed += 1
+            self.metrics.failed.inc()
+
+    # --- housekeeping --------------------------------------------------------------------------
+    async def _retention(self, *, force: bool = False) -> None:
+        """Delete published rows older than the retention, RETENTION_CHUNK rows per statement."""
+        if self.options.retention_s is None or (
+            not force and time.monotonic() < self._next_retention
+        ):
+            return
+        self._next_retention = time.monotonic() + RETENTION_EVERY_S
+        assert self._conn is not None
+        while not self.stop.is_set():
+            cursor = await self._conn.execute(
+                self.sql.delete_published, (self.options.retention_s, RETENTION_CHUNK)
+            )
+            if cursor.rowcount < RETENTION_CHUNK:
+                break
+
+    async def _gauges(self) -> None:
+        if self.options.metrics_port is None or time.monotonic() < self._next_gauges:
+            return
+        self._next_gauges = time.monotonic() + GAUGES_EVERY_S
+        count, oldest, now = (await self._fetch(self.sql.pending))[0]
+        self.metrics.pending.set(count)
+        self.metrics.lag.set(max(0.0, now - oldest) if oldest is not None else 0.0)
+
+    # --- waiting -------------------------------------------------------------------------------
+    async def _wait(self, seconds: float) -> None:
+        """Until a NOTIFY (PostgreSQL), ``seconds`` (the polling fallback) or a stop."""
+        if self._listener is None:
+            await self._sleep(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            # Short slices, so a SIGTERM is seen within a quarter second.
+            async for _ in self._listener.notifies(timeout=min(left, 0.25), stop_after=1):
+                return
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        assert self._conn is not None
+        cursor = await self._conn.execute(sql, params)
+        return list(await cursor.fetchall())
+
+
+def _describe(row: Row, outcome: Outcome | str) -> str:
+    if outcome is Outcome.RETURNED:
+        return (
+            f"returned: no queue is bound to exchange {row.exchange!r} for routing key "
+            f"{row.routing_key!r}"
+        )
+    if outcome is Outcome.NACKED:
+        return "nacked: the broker refused it (a full queue with overflow=reject-publish?)"
+    return str(outcome)
+
+
+def _is_unavailable(error: BaseException) -> bool:
+    return isinstance(error, RmqkitError) and error.exit_code == 69
+
+
+async def _test_pause() -> None:
+    seconds = os.environ.get(_PAUSE_ENV)
+    if seconds:
+        marker = os.environ.get(_PAUSE_FILE_ENV)
+        if marker:
+            Path(marker).touch()  # noqa: ASYNC240 (test-only, one tiny file)
+        await asyncio.sleep(float(seconds))
+
+
+async def run_relay(settings: Settings, options: RelayOptions) -> RelayReport:
+    """Run one relay (``rmqkit outbox relay``); see ``Relay``."""
+    return await Relay(settings, options).run()
+
+
+def parse_retention(text: str) -> float | None:
+    """``--retention``: ``7d``, ``12h``, ``30m`` ... in seconds; ``off`` keeps every row."""
+    from rmqkit.durations import parse_duration_ms
+
+    spelled = text.strip().lower()
+    if spelled in ("off", "none", "0"):
+        return None
+    if spelled.endswith("d") and spelled[:-1].replace(".", "", 1).isdigit():
+        return float(spelled[:-1]) * 86400.0
+    return parse_duration_ms(spelled) / 1000

@@ -1,0 +1,82 @@
+"""The outbox table, its indexes and (PostgreSQL) its NOTIFY trigger; ``init`` creates them.
+
+Documented in docs/outbox.md for teams that create the table with their own migration tool:
+the relay needs exactly these columns; the indexes keep the pending scan and the retention
+delete cheap however many published rows the table holds.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from rmqkit.store import Dialect, Dsn, connect, transaction
+
+TABLE: Final = "rmqkit_outbox"
+LEASE_TABLE: Final = "rmqkit_outbox_lease"  # SQLite: which relay may publish (one at a time)
+CHANNEL: Final = "rmqkit_outbox"  # PostgreSQL NOTIFY channel: a commit added rows
+
+
+def ddl(dialect: Dialect) -> list[str]:
+    """The statements ``init`` runs, in order; each is idempotent (IF NOT EXISTS / OR REPLACE)."""
+    now = dialect.now
+    statements = [
+        f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+    id {dialect.id_column},
+    message_id TEXT NOT NULL,
+    exchange TEXT NOT NULL,
+    routing_key TEXT NOT NULL,
+    body {dialect.blob} NOT NULL,
+    headers TEXT,
+    content_type TEXT,
+    aggregate TEXT,
+    created_at {dialect.float_type} NOT NULL DEFAULT ({now}),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at {dialect.float_type} NOT NULL DEFAULT 0,
+    last_attempt_at {dialect.float_type},
+    last_error TEXT,
+    published_at {dialect.float_type}
+)""",
+        # The dispatch index: pending rows in insertion order (the relay's scan).
+        f"CREATE INDEX IF NOT EXISTS {TABLE}_pending ON {TABLE} (id) WHERE published_at IS NULL",
+        # Per-aggregate head lookup: the earliest pending row of an aggregate.
+        f"CREATE INDEX IF NOT EXISTS {TABLE}_aggregate ON {TABLE} (aggregate, id) "
+        "WHERE published_at IS NULL",
+        # Retention deletes and "published in the last hour".
+        f"CREATE INDEX IF NOT EXISTS {TABLE}_published ON {TABLE} (published_at) "
+        "WHERE published_at IS NOT NULL",
+    ]
+    if dialect.name == "sqlite":
+        statements.append(
+            f"CREATE TABLE IF NOT EXISTS {LEASE_TABLE} (name TEXT PRIMARY KEY, holder TEXT "
+            f"NOT NULL, expires_at {dialect.float_type} NOT NULL)"
+        )
+    else:
+        # One NOTIFY per inserting statement, sent by PostgreSQL at commit (never on rollback);
+        # a trigger rather than a NOTIFY in add(), so rows a team inserts by hand wake it too.
+        statements += [
+            f"""CREATE OR REPLACE FUNCTION {TABLE}_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{CHANNEL}', '');
+    RETURN NULL;
+END $$""",
+            f"DROP TRIGGER IF EXISTS {TABLE}_notify ON {TABLE}",
+            f"CREATE TRIGGER {TABLE}_notify AFTER INSERT ON {TABLE} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {TABLE}_notify()",
+        ]
+    return statements
+
+
+def init(dsn: str | Dsn) -> list[str]:
+    """Create the outbox table, indexes and trigger if missing; returns the statements run."""
+    from rmqkit.store import Store
+
+    store = Store(dsn)
+    statements = ddl(store.dialect)
+    with connect(store.dsn) as conn, transaction(conn):
+        if store.dialect.name == "postgresql":
+            # Two relays or deploys running init at once: serialise them (CREATE ... IF NOT
+            # EXISTS is not safe against a concurrent twin in PostgreSQL).
+            conn.execute("SELECT pg_advisory_xact_lock(727001)")
+        for statement in statements:
+            conn.execute(statement)
+    return statements
