@@ -60,3 +60,16 @@ def query(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, .
     with psycopg.connect(dsn, autocommit=True) as conn:
         cursor = conn.execute(sql, params)
         return list(cursor.fetchall()) if cursor.description else []
+
+
+BUSINESS_TABLES = (
+    "CREATE TABLE business (message_id TEXT NOT NULL, attempt INTEGER NOT NULL)",
+    "CREATE TABLE state (k TEXT PRIMARY KEY, version INTEGER NOT NULL)",
+    "CREATE TABLE applied (k TEXT NOT NULL, version INTEGER NOT NULL)",
+)
+
+
+def business_tables(dsn: str) -> None:
+    """The tables tests.dedupe_handlers write (no unique key: a second effect shows)."""
+    for statement in BUSINESS_TABLES:
+        query(dsn, statement)
