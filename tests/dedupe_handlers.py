@@ -1,0 +1,59 @@
+"""Handlers for the `consume --dedupe` tests: each writes business rows in the transaction
+rmqkit gives it (tables made by tests.dedupe_harness.business_tables), so the database shows
+how many times each message took effect.
+
+Body (JSON): {"fail_once": bool} — raise a transient error on the first attempt, after the
+write (which must then be rolled back); {"crash_after_write": bool} is not used: kill -9 comes
+from the tests. The ordering handlers read the key and version from the headers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import rmqkit
+from rmqkit.store import dialect_of
+
+
+def _fail_once(message: rmqkit.Message) -> bool:
+    return bool(message.body and json.loads(message.body).get("fail_once"))
+
+
+async def apply(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
+    """One business row per message, in the message's transaction."""
+    q = dialect_of(tx).q
+    await tx.execute(
+        q("INSERT INTO business (message_id, attempt) VALUES (?, ?)"),
+        (message.message_id, message.attempt),
+    )
+    if _fail_once(message) and message.attempt == 1:
+        raise ConnectionError("downstream timed out (first attempt)")
+
+
+def apply_sync(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
+    """``apply`` as a plain def (runs in a thread, on a sync connection)."""
+    q = dialect_of(tx).q
+    tx.execute(
+        q("INSERT INTO business (message_id, attempt) VALUES (?, ?)"),
+        (message.message_id, message.attempt),
+    )
+    if _fail_once(message) and message.attempt == 1:
+        raise ConnectionError("downstream timed out (first attempt)")
+
+
+async def set_state(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
+    """The latest state per key (the consumer's ordering guard skips stale versions)."""
+    q = dialect_of(tx).q
+    key, version = str(message.headers["k"]), int(message.headers["v"])
+    await tx.execute(
+        q(
+            "INSERT INTO state (k, version) VALUES (?, ?) "
+            "ON CONFLICT (k) DO UPDATE SET version = excluded.version"
+        ),
+        (key, version),
+    )
+    await tx.execute(q("INSERT INTO applied (k, version) VALUES (?, ?)"), (key, version))
+
+
+async def noop(message: rmqkit.Message) -> None:
+    """No writes of its own: only the id is recorded."""
