@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rmqkit.cli.render import age_text, print_json, stderr, stdout
+from rmqkit.cli.render import print_json, stderr, stdout
 from rmqkit.errors import UsageError
 from rmqkit.idempotency import (
     DEFAULT_BATCH,
@@ -30,6 +30,15 @@ def _window(text: str | None, flag: str) -> float | None:
         return parse_window(text)
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit} ago"
+    return f"{seconds:.0f}s ago"
 
 
 @app.command("init")
@@ -70,7 +79,7 @@ def status(
     stdout.print(
         f"store {result.dsn}\n"
         f"processed ids: {result.rows}\n"
-        f"oldest: {age_text(result.oldest_age_s)} ago\n"
+        f"oldest: {_age(result.oldest_age_s)}\n"
         f"window: {window} ({result.older_than_window} older, pruned by the next prune)",
         markup=False,
         highlight=False,
