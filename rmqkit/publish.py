@@ -14,11 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import aiormq
-from pamqp import commands as spec
-
-from rmqkit.broker.amqp import amqp_errors_mapped, connect, map_channel_error
-from rmqkit.broker.confirms import ConfirmedPublisher, Outcome
+from rmqkit.broker.amqp import map_channel_error
+from rmqkit.broker.codec import Properties
+from rmqkit.broker.session import ConfirmedPublisher, Outcome, open_session
 from rmqkit.errors import DataError, RmqkitError
 from rmqkit.settings import Settings
 
@@ -282,14 +280,11 @@ async def publish_messages(
     message (unroutable) is counted, never retried.
     """
     report = PublishReport()
-    conn = await connect(settings, name=f"rmqkit publish {exchange or '(default)'}")
+    amqp = await open_session(settings, name=f"rmqkit publish {exchange or '(default)'}")
     try:
-        raw: aiormq.abc.AbstractConnection = conn.transport.connection  # type: ignore[union-attr]
-        channel = await raw.channel(publisher_confirms=True)
-        if exchange:
-            with amqp_errors_mapped(f"checking exchange {exchange!r}"):
-                await channel.exchange_declare(exchange, passive=True)
-        publisher = ConfirmedPublisher(channel, window=window)
+        await amqp.require_exchange(exchange)
+        channel = await amqp.channel(confirms=True, window=window)
+        publisher = channel.publisher
         slots = asyncio.Semaphore(window)
         done = 0
 
@@ -330,7 +325,7 @@ async def publish_messages(
             raise error
         await channel.close()
     finally:
-        await conn.close()
+        await amqp.close()
     return report
 
 
@@ -358,7 +353,7 @@ async def _send_one(
     retry_busy: bool,
     busy_retries: int,
 ) -> None:
-    properties = spec.Basic.Properties(
+    properties = Properties(
         delivery_mode=2,
         message_id=message.message_id,
         headers=message.headers,

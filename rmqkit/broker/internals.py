@@ -3,7 +3,7 @@
 rmqkit reaches under the public API of its AMQP client in two places: ``ConfirmedPublisher``
 (``rmqkit.broker.confirms``) numbers its own publishes in aiormq's confirm table, writes frames
 to the connection's write queue and replaces the channel reader's ``basic.return`` handler; the
-typed header hook (``rmqkit.broker.pamqp_hook``) replaces pamqp's content-header decoder. None
+typed header hook (``rmqkit.broker.codec.hook``) replaces pamqp's content-header decoder. None
 of that is a promise aiormq or pamqp make, so it all lives here, in one module: a new client
 version is reviewed by reading this file, and ``tests/unit/test_dependency_contract.py`` fails
 if a private name is used anywhere else.

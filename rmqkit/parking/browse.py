@@ -35,11 +35,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import aiormq
-from aiormq.abc import DeliveredMessage
-
 from rmqkit.broker.management import ManagementClient
 from rmqkit.broker.policies import DEFAULT_SOURCE_4X, resolve_queue
+from rmqkit.broker.session import Channel, Delivery, Session
 from rmqkit.errors import BrokerError, BrokerUnavailable, DataError
 from rmqkit.parking.model import ParkedMessage
 
@@ -154,7 +152,7 @@ def _limit_fix(queue: str, source: str) -> str:
 
 
 async def browse(
-    conn: aiormq.abc.AbstractConnection,
+    conn: Session | object,
     queue: str,
     visit: Visitor,
     *,
@@ -165,36 +163,32 @@ async def browse(
 ) -> BrowseStats:
     """Show every message of ``queue`` (as it was when the browse started) to ``visit``.
 
+    ``conn`` is a ``Session`` (or an open connection, wrapped in one).
     ``settle`` is awaited at the end of each pass, before anything is returned: the visitor
     completes what its futures wait for there (an export's last fsync). Messages whose futures
     are still pending are waited for, never returned while their copy may be unconfirmed.
     """
     stats = BrowseStats()
-    # One probe channel for the whole browse (the first count and the settle polls): opening
-    # a channel right after closing one was seen to get the closed one's Close-Ok (aiormq
-    # reuses the number) and fail a replay that had done all its work.
-    probe = await conn.channel()
-    try:
-        declared = await probe.queue_declare(queue, passive=True)
-        stats.queue_count = remaining = int(declared.message_count or 0)
-        stats.other_consumers = int(declared.consumer_count or 0)
-        while remaining > 0 and not stats.stopped_early:
-            size = min(remaining, window)
-            seen = await _one_pass(
-                conn, probe, queue, visit, settle, size, idle_check_s, stall_timeout_s, stats
-            )
-            if seen < size:
-                break  # the rest was taken by another consumer during the pass
-            remaining -= seen
-    finally:
-        if not probe.is_closed:
-            await probe.close()
+    # The first count and the settle polls go through the session's probe channel, one for the
+    # whole browse: opening a channel right after closing one was seen to get the closed one's
+    # Close-Ok (aiormq reuses the number) and fail a replay that had done all its work.
+    amqp = Session.of(conn)
+    depth = await amqp.queue_depth(queue)
+    stats.queue_count = remaining = depth.ready
+    stats.other_consumers = depth.consumers
+    while remaining > 0 and not stats.stopped_early:
+        size = min(remaining, window)
+        seen = await _one_pass(
+            amqp, queue, visit, settle, size, idle_check_s, stall_timeout_s, stats
+        )
+        if seen < size:
+            break  # the rest was taken by another consumer during the pass
+        remaining -= seen
     return stats
 
 
 async def _one_pass(
-    conn: aiormq.abc.AbstractConnection,
-    probe: aiormq.abc.AbstractChannel,
+    amqp: Session,
     queue: str,
     visit: Visitor,
     settle: Callable[[], Awaitable[None]] | None,
@@ -203,14 +197,14 @@ async def _one_pass(
     stall_timeout_s: float,
     stats: BrowseStats,
 ) -> int:
-    channel = await conn.channel()
-    inbox: asyncio.Queue[DeliveredMessage] = asyncio.Queue()
+    channel = await amqp.channel()
+    inbox: asyncio.Queue[Delivery] = asyncio.Queue()
 
-    async def on_delivery(message: DeliveredMessage) -> None:
+    async def on_delivery(message: Delivery) -> None:
         inbox.put_nowait(message)
 
-    await channel.basic_qos(prefetch_count=size)
-    consume_ok = await channel.basic_consume(queue, on_delivery, no_ack=False)
+    await channel.qos(size)
+    consumer_tag = await channel.consume(queue, on_delivery)
     seen = 0
     last_tag = 0
     kept_any = False
@@ -239,7 +233,7 @@ async def _one_pass(
                 delivered = got
             else:
                 delivered = inbox.get_nowait()
-            tag = int(delivered.delivery.delivery_tag or 0)  # type: ignore[union-attr]
+            tag = int(delivered.delivery.delivery_tag or 0)
             last_tag = max(last_tag, tag)
             seen += 1
             stats.seen += 1
@@ -274,28 +268,28 @@ async def _one_pass(
             await acks.flush(final=True)
         # Then stop deliveries, or the returned messages would come straight back to us.
         with contextlib.suppress(Exception):
-            await channel.basic_cancel(str(consume_ok.consumer_tag))
+            await channel.cancel(consumer_tag)
         if kept_any and last_tag and not channel.is_closed:
             # Every outstanding tag up to last_tag is one we keep: the taken ones are acked.
-            await channel.basic_nack(last_tag, multiple=True, requeue=True)
+            await channel.nack(last_tag, multiple=True, requeue=True)
         # Anything delivered after the cancel was never seen: closing returns it.
         await channel.close()
     if seen:
         returned = stats.seen - stats.taken  # over all passes: what the broker must put back
         deadline = min(SETTLE_MAX_S, SETTLE_BASE_S + returned / 1000)
         stats.settled = await _await_settled(
-            probe, queue, expected=stats.queue_count - stats.taken, deadline_s=deadline
+            amqp, queue, expected=stats.queue_count - stats.taken, deadline_s=deadline
         )
     return seen
 
 
 async def _next_delivery(
-    channel: aiormq.abc.AbstractChannel,
+    channel: Channel,
     queue: str,
-    inbox: asyncio.Queue[DeliveredMessage],
+    inbox: asyncio.Queue[Delivery],
     idle_check_s: float,
     stall_timeout_s: float,
-) -> DeliveredMessage | None:
+) -> Delivery | None:
     """The next delivery; None when the queue has nothing ready for us any more.
 
     A pause is not the end: a quorum queue that just got a large hold back was seen to take
@@ -310,11 +304,12 @@ async def _next_delivery(
             return await asyncio.wait_for(inbox.get(), timeout=idle_check_s)
         except TimeoutError:
             pass
-        declared = await channel.queue_declare(queue, passive=True)
+        # On the consuming channel: deliveries sent before the answer arrive before it.
+        depth = await channel.queue_depth(queue)
         if not inbox.empty():
             continue
-        ready = int(declared.message_count or 0)
-        others = int(declared.consumer_count or 1) - 1
+        ready = depth.ready
+        others = (depth.consumers or 1) - 1
         if ready == 0 and others > 0:
             return None
         if loop.time() - stalled_since >= stall_timeout_s:
@@ -325,9 +320,7 @@ async def _next_delivery(
             )
 
 
-async def _await_settled(
-    channel: aiormq.abc.AbstractChannel, queue: str, *, expected: int, deadline_s: float
-) -> bool:
+async def _await_settled(amqp: Session, queue: str, *, expected: int, deadline_s: float) -> bool:
     """Wait (bounded) until the broker has put back what we returned; False on the deadline.
 
     A quorum queue applies returns asynchronously, and a large one all at once, seconds
@@ -338,8 +331,7 @@ async def _await_settled(
     loop = asyncio.get_running_loop()
     until = loop.time() + deadline_s
     while True:
-        declared = await channel.queue_declare(queue, passive=True)
-        if int(declared.message_count or 0) >= expected:
+        if (await amqp.queue_depth(queue)).ready >= expected:
             return True
         if loop.time() >= until:
             return False
@@ -359,7 +351,7 @@ class _Acks:
 
     BATCH = 256
 
-    def __init__(self, channel: aiormq.abc.AbstractChannel) -> None:
+    def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.floor = 1
         self.blocked = False  # a kept message: the floor cannot pass it
@@ -395,6 +387,6 @@ class _Acks:
         else:
             self._taken.extend(rest)
         if last:
-            await self.channel.basic_ack(last, multiple=True)
+            await self.channel.ack(last, multiple=True)
         for tag in singly:
-            await self.channel.basic_ack(tag)
+            await self.channel.ack(tag)

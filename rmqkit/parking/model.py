@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pamqp.commands import Basic
-
 from rmqkit import headers as h
+from rmqkit.broker.codec import Properties
 from rmqkit.consumer.attempts import DeathReason, read_death_history
 
 REDACTED = "***"
@@ -72,7 +71,7 @@ class ParkedMessage:
     """
 
     delivery_tag: int
-    properties: Basic.Properties
+    properties: Properties
     body: bytes
     message_id: str | None
     reason: str | None
@@ -88,7 +87,7 @@ class ParkedMessage:
     original_routing_key: str | None = None
 
     @classmethod
-    def from_delivery(cls, tag: int, properties: Basic.Properties, body: bytes) -> ParkedMessage:
+    def from_delivery(cls, tag: int, properties: Properties, body: bytes) -> ParkedMessage:
         headers: dict[str, Any] = dict(properties.headers or {})
         reason = _text(headers.get(h.PARK_REASON))
         origin = _text(headers.get(h.ORIGIN_QUEUE))

@@ -11,12 +11,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import aiormq
-
 from rmqkit import headers as h
-from rmqkit.broker.amqp import connect, server_version
 from rmqkit.broker.management import ManagementClient, management
-from rmqkit.broker.pamqp_hook import typed_decoding
+from rmqkit.broker.session import Session, open_session
 from rmqkit.parking.browse import (
     BrowseStats,
     Verdict,
@@ -35,7 +32,7 @@ PUBLISH_WINDOW = 1000  # unconfirmed replay copies in flight
 class ParkingSession:
     """An open connection to a parking queue that was checked to be safe to browse."""
 
-    raw: aiormq.abc.AbstractConnection
+    amqp: Session
     api: ManagementClient
     queue: str
     info: dict[str, Any]
@@ -45,19 +42,17 @@ class ParkingSession:
 async def parking_session(settings: Settings, queue: str) -> AsyncIterator[ParkingSession]:
     """Connect, check ``queue`` is browsable (exit 65 if not), and always close.
 
-    The connection decodes headers with their exact AMQP types (rmqkit.broker.pamqp_hook): an
-    export must keep them, a replay should, and pamqp's own decoder fails the whole connection
-    on some values RabbitMQ accepts (a timestamp past year 9999, a non-UTF-8 header key).
+    The session is typed (rmqkit.broker.codec): headers keep their exact AMQP types. An export
+    must keep them, a replay should, and pamqp's own decoder fails the whole connection on some
+    values RabbitMQ accepts (a timestamp past year 9999, a non-UTF-8 header key).
     """
-    with typed_decoding():
-        conn = await connect(settings, name=f"rmqkit parking {queue}")
+    amqp = await open_session(settings, name=f"rmqkit parking {queue}", typed=True)
     try:
         async with management(settings) as api:
-            info = await check_browsable(api, queue, server_version(conn))
-            raw: aiormq.abc.AbstractConnection = conn.transport.connection  # type: ignore[union-attr]
-            yield ParkingSession(raw, api, queue, info)
+            info = await check_browsable(api, queue, amqp.server_version)
+            yield ParkingSession(amqp, api, queue, info)
     finally:
-        await conn.close()
+        await amqp.close()
 
 
 async def list_parked(
@@ -95,14 +90,12 @@ async def list_parked(
             return seen
 
         total = await ready_count(session)
-        return await browse(session.raw, queue, visit)
+        return await browse(session.amqp, queue, visit)
 
 
 async def ready_count(session: ParkingSession) -> int:
-    channel = await session.raw.channel()
-    declared = await channel.queue_declare(session.queue, passive=True)
-    await channel.close()
-    return int(declared.message_count or 0)
+    """Messages ready in the session's parking queue now."""
+    return (await session.amqp.queue_depth(session.queue)).ready
 
 
 async def find_parked(settings: Settings, queue: str, message_id: str) -> ParkedMessage | None:
@@ -172,7 +165,7 @@ async def parking_stats(settings: Settings, queue: str, flt: ParkedFilter) -> Pa
                 result.oldest_age_s = age
             return Verdict.KEEP
 
-        browsed = await browse(session.raw, queue, visit)
+        browsed = await browse(session.amqp, queue, visit)
         # The management API's view was read before our browse: its unacked ones are others'.
         result.other_consumers = browsed.other_consumers
         unacked = session.info.get("messages_unacknowledged")
@@ -244,5 +237,5 @@ async def purge_parked(
                 return Verdict.KEEP
             return Verdict.TAKE
 
-        await browse(session.raw, queue, visit)
+        await browse(session.amqp, queue, visit)
     return result

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rmqkit import headers as h
-from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
-from rmqkit.broker.typed_properties import copy_properties
+from rmqkit.broker.codec import copy_properties
+from rmqkit.broker.session import Outcome, outcome_of
 from rmqkit.parking.browse import BrowseIncomplete, Settlement, Verdict, browse
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.parking.ops import PUBLISH_WINDOW, Progress, parking_session, ready_count
@@ -117,8 +117,8 @@ async def replay_parked(
     next_at = time.monotonic()
     async with parking_session(settings, queue) as session:
         total = await ready_count(session)
-        channel = await session.raw.channel(publisher_confirms=True)
-        publisher = ConfirmedPublisher(channel, window=PUBLISH_WINDOW)
+        channel = await session.amqp.channel(confirms=True, window=PUBLISH_WINDOW)
+        publisher = channel.publisher
         seen = 0
 
         def count(exchange: str, key: str, settled: asyncio.Future[Outcome]) -> None:
@@ -172,13 +172,11 @@ async def replay_parked(
             return settled
 
         try:
-            await browse(session.raw, queue, visit)
+            await browse(session.amqp, queue, visit)
         except BrowseIncomplete as exc:
             raise BrowseIncomplete(
                 f"{exc} (before that: replayed {report.replayed} of {report.selected} selected)"
             ) from None
         finally:
-            await publisher.close()
-            if not channel.is_closed:
-                await channel.close()
+            await channel.close()  # stops the publisher first
     return report

@@ -12,11 +12,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
-import aiormq
-
 from rmqkit import headers as h
-from rmqkit.broker.amqp import connect
-from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
+from rmqkit.broker.session import Outcome, Session, open_session, outcome_of
 from rmqkit.errors import DataError, UsageError
 from rmqkit.fileout import OutputError, SafeOutput
 from rmqkit.parking.browse import Verdict, browse
@@ -127,7 +124,7 @@ async def export_parked(
                 sync_to_disk()
 
         total = await ready_count(session)
-        await browse(session.raw, queue, visit, settle=settle)
+        await browse(session.amqp, queue, visit, settle=settle)
     if failure:
         if remove:
             report.written = report.removed
@@ -240,29 +237,23 @@ async def import_records(
             )
         if resume:
             skip = done_before
-    conn = await connect(settings, name=f"rmqkit import {queue}")
+    amqp = await open_session(settings, name=f"rmqkit import {queue}")
     try:
-        raw: aiormq.abc.AbstractConnection = conn.transport.connection  # type: ignore[union-attr]
-        probe = await raw.channel()
-        try:
-            await probe.queue_declare(queue, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            raise DataError(f"queue {queue!r} does not exist — declare it first") from None
-        await probe.close()
+        await amqp.require_queue(queue, DataError, "declare it first")
         if journal is not None:
             journal.start(fresh=again)
         try:
-            await _publish_lines(raw, lines, queue, report, skip, journal, progress)
+            await _publish_lines(amqp, lines, queue, report, skip, journal, progress)
         finally:
             if journal is not None:
                 journal.close()
     finally:
-        await conn.close()
+        await amqp.close()
     return report
 
 
 async def _publish_lines(
-    raw: aiormq.abc.AbstractConnection,
+    amqp: Session,
     lines: list[ExportLine],
     queue: str,
     report: ImportReport,
@@ -270,8 +261,8 @@ async def _publish_lines(
     journal: ImportJournal | None,
     progress: Progress | None,
 ) -> None:
-    channel = await raw.channel(publisher_confirms=True)
-    publisher = ConfirmedPublisher(channel, window=PUBLISH_WINDOW)
+    channel = await amqp.channel(confirms=True, window=PUBLISH_WINDOW)
+    publisher = channel.publisher
     done = 0
     journal_error: list[OSError] = []
     unjournaled = 0
@@ -343,8 +334,7 @@ async def _publish_lines(
         await asyncio.gather(*futures, return_exceptions=True)
     finally:
         await publisher.close()
-    if not channel.is_closed:
-        await channel.close()
+    await channel.close()
     if journal_error and journal is not None:
         raise OutputError(
             f"writing the import journal {journal.path} failed: "

@@ -34,7 +34,7 @@ SETTLING = {
 # (module, the line as written) -> why it is safe; the test that proves it.
 AUDITED: dict[tuple[str, str], str] = {
     # --- consumer -----------------------------------------------------------------------------
-    ("consumer/runner.py", "await channel.basic_ack(tag, multiple=True)"): (
+    ("consumer/runner.py", "await channel.ack(tag, multiple=True)"): (
         "acks the finished prefix only (AckTracker.take_ack); a tag is finished after its handler "
         "succeeded or its copy was confirmed — test_consume.py mixed outcomes, test_acks_and_config"
     ),
@@ -46,23 +46,23 @@ AUDITED: dict[tuple[str, str], str] = {
         "only when the retry/park copy's outcome is Outcome.CONFIRMED (asserted below) — "
         "test_consume.py returned copies, test_consume_43.py refused copies"
     ),
-    ("consumer/copies.py", "await channel.basic_reject(tag, requeue=True)"): (
+    ("consumer/copies.py", "await channel.reject(tag, requeue=True)"): (
         "puts the original BACK (requeue) when its copy was refused: nothing removed"
     ),
     ("consumer/runner.py", "cancelled.set_result(tag)"): (
         "a broker basic.cancel seen: a signal to reconnect, settles no delivery"
     ),
     # --- parking browse (list, stats, replay, purge, export) -----------------------------------
-    ("parking/browse.py", "await self.channel.basic_ack(last, multiple=True)"): (
+    ("parking/browse.py", "await self.channel.ack(last, multiple=True)"): (
         "acks only tags a visitor took (TAKE) or whose settlement resolved truthy"
     ),
-    ("parking/browse.py", "await self.channel.basic_ack(tag)"): "same, one by one past a gap",
+    ("parking/browse.py", "await self.channel.ack(tag)"): "same, one by one past a gap",
     ("parking/browse.py", "acks.take(tag)"): (
         "TAKE, or a settlement future whose result is truthy (Outcome.CONFIRMED for replay, "
         "True for export only after the file is fsynced and in place)"
     ),
     ("parking/browse.py", "elif verdict is Verdict.TAKE:"): "see acks.take",
-    ("parking/browse.py", "await channel.basic_nack(last_tag, multiple=True, requeue=True)"): (
+    ("parking/browse.py", "await channel.nack(last_tag, multiple=True, requeue=True)"): (
         "returns every kept message at the end of a pass: nothing removed"
     ),
     ("parking/ops.py", "return Verdict.TAKE"): (

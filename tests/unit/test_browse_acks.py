@@ -16,7 +16,7 @@ class Recorder:
         self.outstanding: set[int] = set()
         self.calls: list[tuple[int, bool]] = []
 
-    async def basic_ack(self, tag: int, multiple: bool = False) -> None:
+    async def ack(self, tag: int, *, multiple: bool = False) -> None:
         assert tag in self.outstanding, f"ack of unknown tag {tag}"  # the broker closes the channel
         self.calls.append((tag, multiple))
         if multiple:
@@ -76,17 +76,17 @@ def test_tags_taken_while_an_ack_is_being_sent_are_not_lost() -> None:
     channel.outstanding = set(range(1, 2001))
     acks = _Acks(channel)  # type: ignore[arg-type]
     incoming = iter(range(1, 2001))
-    original = channel.basic_ack
+    original = channel.ack
 
-    async def slow_ack(tag: int, multiple: bool = False) -> None:
+    async def slow_ack(tag: int, *, multiple: bool = False) -> None:
         await asyncio.sleep(0)
         for _ in range(3):  # three confirms land during each ack frame
             nxt = next(incoming, None)
             if nxt is not None:
                 acks.take(nxt)
-        await original(tag, multiple)
+        await original(tag, multiple=multiple)
 
-    channel.basic_ack = slow_ack  # type: ignore[method-assign]
+    channel.ack = slow_ack  # type: ignore[method-assign]
 
     async def go() -> None:
         for tag in incoming:
