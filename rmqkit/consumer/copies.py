@@ -16,10 +16,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiormq.abc import DeliveredMessage
-
-from rmqkit.broker.confirms import ConfirmedPublisher, Outcome
-from rmqkit.broker.typed_properties import copy_properties
+from rmqkit.broker.codec import copy_properties
+from rmqkit.broker.session import Channel, Delivery, Outcome
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.decision import Park
 from rmqkit.consumer.decision import Retry as RetryDecision
@@ -48,23 +46,23 @@ class CopySender:
 
     async def send(
         self,
-        publisher: ConfirmedPublisher | None,
-        delivered: DeliveredMessage,
+        channel: Channel | None,
+        delivered: Delivery,
         decision: RetryDecision | Park,
         tracker: AckTracker,
         tag: int,
         attempt: int,
     ) -> None:
-        """Publish ``decision``'s copy of ``delivered`` and settle the original (tag ``tag``)."""
+        """Publish ``decision``'s copy of ``delivered`` on ``channel`` (the consumer's current
+        one) and settle the original (tag ``tag``)."""
         props = delivered.header.properties
-        channel = delivered.channel
         copy = copy_properties(props, decision.headers)
         extra = {"message_id": props.message_id, "attempt": attempt}
         target = decision.target_queue
         try:
-            if publisher is None or publisher.channel is not channel:
+            if channel is None or not channel.owns(delivered):
                 raise ConnectionError("the delivery's channel was replaced")
-            settled = await publisher.publish(
+            settled = await channel.publisher.publish(
                 delivered.body, exchange="", routing_key=target, properties=copy
             )
             outcome = await settled
@@ -100,7 +98,7 @@ class CopySender:
         await self._sleep(delay)
         if tracker.alive and not channel.is_closed:
             try:
-                await channel.basic_reject(tag, requeue=True)
+                await channel.reject(tag, requeue=True)
                 tracker.settled_elsewhere(tag)
             except Exception:
                 pass  # the channel went away meanwhile: the broker requeues it

@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from time import perf_counter
 from typing import Any
 
-from rmqkit.broker.confirms import ConfirmedPublisher
-from rmqkit.broker.fieldtypes import Timestamp
+from rmqkit.broker.codec import Timestamp
+from rmqkit.broker.session import Channel, Delivery
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.config import ConsumerConfig
@@ -71,7 +71,7 @@ class Dispatcher:
         self._idle.set()
         self._flush_wanted = asyncio.Event()
         self._tracker = AckTracker()
-        self._publisher: ConfirmedPublisher | None = None  # the current channel's
+        self._channel: Channel | None = None  # the current connection's (acks, copies)
         self._wait_queues = config.policy.all_wait_queues
         self._permanent = frozenset(config.policy.permanent_errors)
         self._copies = CopySender(
@@ -110,9 +110,7 @@ class Dispatcher:
             await asyncio.wait_for(self._stop.wait(), timeout=delay)
 
     # --- one delivery ------------------------------------------------------------------------
-    # ``delivered``: the client's delivered message (basic.deliver frame, content header, body);
-    # typed as rmqkit.broker's delivery type once the consumer moves onto the session API.
-    async def _on_delivery(self, delivered: Any) -> None:
+    async def _on_delivery(self, delivered: Delivery) -> None:
         tracker = self._tracker
         tag: int = delivered.delivery.delivery_tag
         tracker.received(tag)
@@ -127,7 +125,7 @@ class Dispatcher:
             if not self._in_flight:
                 self._idle.set()
 
-    async def _handle(self, delivered: Any, tracker: AckTracker, tag: int) -> None:
+    async def _handle(self, delivered: Delivery, tracker: AckTracker, tag: int) -> None:
         props = delivered.header.properties
         headers: dict[str, Any] = props.headers or {}
         body = delivered.body
@@ -185,7 +183,7 @@ class Dispatcher:
         if isinstance(decision, Ack):
             self._finished(tracker, tag)
             return
-        await self._copies.send(self._publisher, delivered, decision, tracker, tag, attempt)
+        await self._copies.send(self._channel, delivered, decision, tracker, tag, attempt)
 
     def _check_threads(self, threads: HandlerThreads) -> None:
         """After a sync handler's timeout: if stuck calls now hold the handler threads, say so

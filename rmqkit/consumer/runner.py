@@ -5,7 +5,7 @@ backoff), checks the work, wait and parking queues exist, sets the prefetch (1 w
 after a crash), registers the consumer, acks the finished prefix of tags with ``multiple=True``
 every few milliseconds (the flusher), and on stop cancels the consumer, lets in-flight handlers
 finish within the grace and acks what finished. What happens to each delivery (handler, outcome,
-retry/park copy) is rmqkit.consumer.dispatch's ``Dispatcher``, which Consumer extends: aiormq
+retry/park copy) is rmqkit.consumer.dispatch's ``Dispatcher``, which Consumer extends: the client
 hands each delivery to ``_on_delivery`` as its own task.
 
 A basic.cancel from the broker (4.3: the queue's consumer timeout; any version: the queue was
@@ -20,14 +20,8 @@ import asyncio
 import contextlib
 import logging
 from time import monotonic
-from typing import Any
 
-import aiormq
-from aiormq.abc import AbstractChannel
-
-from rmqkit.broker.amqp import connect
-from rmqkit.broker.confirms import ConfirmedPublisher
-from rmqkit.broker.pamqp_hook import typed_decoding
+from rmqkit.broker.session import CONNECTION_ERRORS, Channel, Session, open_session
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.dispatch import Dispatcher
@@ -35,7 +29,7 @@ from rmqkit.consumer.handler import LoadedHandler
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import Backoff
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
-from rmqkit.settings import Settings, mask_url
+from rmqkit.settings import Settings
 
 log = logging.getLogger("rmqkit.consumer")
 _PERSISTENT = 2
@@ -51,13 +45,6 @@ class ConsumerCancelled(ConnectionError):
 
 
 __all__ = ["Backoff", "Consumer", "ConsumerCancelled"]
-
-
-def _closing_reason(channel: AbstractChannel) -> str:
-    closing = channel.closing
-    if closing.done() and not closing.cancelled() and closing.exception() is not None:
-        return str(closing.exception())
-    return "closed by the broker"
 
 
 class Consumer(Dispatcher):
@@ -101,13 +88,15 @@ class Consumer(Dispatcher):
         while not self._stopping:
             order = urls[start:] + urls[:start]
             try:
-                # Exact decoding (rmqkit.broker.pamqp_hook): pamqp's own decoder fails the whole
-                # connection on header values RabbitMQ accepts (a timestamp past year 9999, a
-                # non-UTF-8 key), which would turn one such message into a reconnect loop.
-                with typed_decoding():
-                    conn = await connect(
-                        self.settings, urls=order, name=f"rmqkit consume {self.config.queue}"
-                    )
+                # Typed (exact) decoding: pamqp's own decoder fails the whole connection on
+                # header values RabbitMQ accepts (a timestamp past year 9999, a non-UTF-8 key),
+                # which would turn one such message into a reconnect loop.
+                conn = await open_session(
+                    self.settings,
+                    urls=order,
+                    name=f"rmqkit consume {self.config.queue}",
+                    typed=True,
+                )
             except (AccessRefused, ConfigError):
                 raise
             except RmqkitError as exc:
@@ -124,13 +113,7 @@ class Consumer(Dispatcher):
                 backoff.reset()
             except (AccessRefused, ConfigError):
                 raise
-            except (
-                TimeoutError,
-                aiormq.exceptions.AMQPError,
-                aiormq.exceptions.ChannelInvalidStateError,
-                ConnectionError,
-                OSError,
-            ) as exc:
+            except CONNECTION_ERRORS as exc:
                 delay = backoff.next_delay()
                 # What broke the connection may be a message (a frame the client cannot read):
                 # come back cautious, so it spends only its own delivery attempts.
@@ -151,40 +134,36 @@ class Consumer(Dispatcher):
                     await asyncio.shield(self._close_quietly(conn))
 
     @staticmethod
-    async def _close_quietly(conn: Any) -> None:
+    async def _close_quietly(conn: Session) -> None:
         # Already broken: nothing to save; the broker requeues what was unacked.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.close(), timeout=5)
 
     # --- one connection ----------------------------------------------------------------------
-    async def _consume(self, conn: Any) -> None:
-        raw: aiormq.Connection = conn.transport.connection
-        channel = await raw.channel(publisher_confirms=True)
-        publisher = self._publisher = ConfirmedPublisher(channel)
-        await self._check_targets(raw)
-        await channel.basic_qos(prefetch_count=1 if self._cautious else self.prefetch)
+    async def _consume(self, conn: Session) -> None:
+        channel = self._channel = await conn.channel(confirms=True)
+        await self._check_targets(conn)
+        await channel.qos(1 if self._cautious else self.prefetch)
         tracker = AckTracker()
         self._tracker = tracker
         flusher = asyncio.create_task(self._flusher(channel, tracker))
         cancelled: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-        def on_cancel(frame: Any) -> None:
-            # Only a broker-initiated basic.cancel gets here (aiormq has already answered it);
-            # ours (drain, leaving cautious mode) end with cancel-ok and are not reported.
-            tag = str(frame.consumer_tag)
+        def on_cancel(tag: str) -> None:
+            # Only a broker-initiated basic.cancel gets here (the client has already answered
+            # it); ours (drain, leaving cautious mode) end with cancel-ok and are not reported.
             if tag == self._consumer_tag and not cancelled.done():
                 cancelled.set_result(tag)
                 self.metrics.cancelled_by_broker()
 
-        channel.on_consumer_cancel_callbacks.add(on_cancel)
-        consume_ok = await channel.basic_consume(self.config.queue, self._on_delivery, no_ack=False)
-        self._consumer_tag = str(consume_ok.consumer_tag)
+        channel.add_cancel_listener(on_cancel)
+        self._consumer_tag = await channel.consume(self.config.queue, self._on_delivery)
         self.metrics.set_connected(True)
         self.metrics.set_consuming(True)
         log.info(
             "consuming %s on %s (prefetch %s)",
             self.config.queue,
-            mask_url(str(raw.url)),
+            conn.display_url,
             "1, cautious after a crash" if self._cautious else self.prefetch,
         )
         stop_wait = asyncio.ensure_future(self._stop.wait())
@@ -195,7 +174,7 @@ class Consumer(Dispatcher):
             )
             if closing in done or channel.is_closed:
                 tracker.alive = False
-                raise ConnectionError(f"channel closed: {_closing_reason(channel)}")
+                raise ConnectionError(f"channel closed: {channel.closed_reason()}")
             if cancelled in done:
                 tracker.alive = False
                 log.error(
@@ -210,34 +189,34 @@ class Consumer(Dispatcher):
                 raise ConsumerCancelled(f"consumer {cancelled.result()} cancelled by the broker")
             await self._drain(channel, self._consumer_tag, tracker)
         finally:
-            channel.on_consumer_cancel_callbacks.discard(on_cancel)
+            channel.discard_cancel_listener(on_cancel)
             stop_wait.cancel()
             closing.cancel()
             tracker.alive = False
             self._flush_wanted.set()
             flusher.cancel()
-            await publisher.close()
+            await channel.publisher.close()
 
-    async def _check_targets(self, raw: aiormq.Connection) -> None:
+    async def _check_targets(self, conn: Session) -> None:
         """Fail fast if the wait or parking queues are missing: copies would be returned."""
         for name in (self.config.queue, self.config.policy.parking_queue, *self._wait_queues):
-            probe = await raw.channel()
             try:
-                await probe.queue_declare(name, passive=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
+                exists = await conn.queue_exists(name)
+            except RmqkitError as exc:
+                # A lost connection or a broker error while probing (the session maps them):
+                # reconnect, as for any other failure on this connection.
+                raise ConnectionError(str(exc)) from exc
+            if not exists:
                 raise ConfigError(
                     f"queue {name!r} does not exist — run `rmqkit declare` for the topology "
                     "first (retries and parking need their queues)"
-                ) from None
-            await probe.close()
+                )
 
-    async def _drain(
-        self, channel: AbstractChannel, consumer_tag: str, tracker: AckTracker
-    ) -> None:
+    async def _drain(self, channel: Channel, consumer_tag: str, tracker: AckTracker) -> None:
         """Graceful stop: cancel the consumer, let in-flight handlers finish, ack, close."""
         self.metrics.set_consuming(False)
         try:
-            await channel.basic_cancel(consumer_tag)
+            await channel.cancel(consumer_tag)
         except Exception:
             return  # channel already gone: the broker requeues everything unacked
         deadline = monotonic() + self.config.grace_s
@@ -257,7 +236,7 @@ class Consumer(Dispatcher):
         await channel.close()
 
     # --- acks --------------------------------------------------------------------------------
-    async def _flusher(self, channel: AbstractChannel, tracker: AckTracker) -> None:
+    async def _flusher(self, channel: Channel, tracker: AckTracker) -> None:
         wanted = self._flush_wanted
         while tracker.alive:
             if self._cautious:  # wake up now and then to see whether caution may end
@@ -279,24 +258,23 @@ class Consumer(Dispatcher):
                 self._cautious = False
                 await self._widen_prefetch(channel)
 
-    async def _widen_prefetch(self, channel: AbstractChannel) -> None:
+    async def _widen_prefetch(self, channel: Channel) -> None:
         """Leave cautious mode. basic.qos only applies to consumers created after it, so a new
         consumer takes over at the full prefetch and the prefetch-1 one is cancelled."""
-        await channel.basic_qos(prefetch_count=self.prefetch)
+        await channel.qos(self.prefetch)
         old_tag = self._consumer_tag
-        consume_ok = await channel.basic_consume(self.config.queue, self._on_delivery, no_ack=False)
-        self._consumer_tag = str(consume_ok.consumer_tag)
-        await channel.basic_cancel(old_tag)
+        self._consumer_tag = await channel.consume(self.config.queue, self._on_delivery)
+        await channel.cancel(old_tag)
         log.info("left cautious mode: prefetch %d", self.prefetch)
 
-    async def _flush(self, channel: AbstractChannel, tracker: AckTracker) -> None:
+    async def _flush(self, channel: Channel, tracker: AckTracker) -> None:
         before = tracker.outstanding
         tag = tracker.take_ack()
         if tag is None or not tracker.alive:
             return
         count = before - tracker.outstanding  # now: deliveries during the await would add
         try:
-            await channel.basic_ack(tag, multiple=True)
+            await channel.ack(tag, multiple=True)
         except Exception:
             tracker.alive = False  # tags die with the channel; those messages come back
             return
