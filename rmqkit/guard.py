@@ -81,27 +81,22 @@ def apply_sql(dialect: Dialect) -> str:
     return _apply_sql(dialect)
 
 
-def lock_keys_sql(dialect: Dialect, count: int) -> list[str]:
-    """Statements that take the row locks of ``count`` keys in the order given (parameters: the
-    keys, sorted, for each statement).
+def lock_keys_sql(dialect: Dialect) -> list[str]:
+    """Statements that take the row locks of several keys in sorted order (parameter: the list
+    of keys, sorted, for each statement); none on SQLite.
 
-    A consumer that handles several messages in one transaction calls this first with the batch's
-    keys sorted, so two transactions always lock keys in the same order and cannot deadlock on
-    them. On SQLite the write lock already serializes transactions: nothing to do.
+    A consumer that handles several messages in one transaction runs these first with the
+    batch's keys, so two transactions always lock keys in the same order and cannot deadlock on
+    them. On SQLite the write lock already serializes transactions.
     """
-    if dialect.name == "sqlite" or count == 0:
+    if dialect.name == "sqlite":
         return []
-    params = dialect.params(count)
     return [
         # Missing keys get a row (no version yet) so that there is a row to lock.
-        dialect.q(
-            f"INSERT INTO {VERSIONS_TABLE} (key, version, updated_at) "
-            f"SELECT k, {NO_VERSION}, {dialect.now} FROM unnest(ARRAY[{params}]::text[]) AS k "
-            "ORDER BY k ON CONFLICT (key) DO NOTHING"
-        ),
-        dialect.q(
-            f"SELECT key FROM {VERSIONS_TABLE} WHERE key IN ({params}) ORDER BY key FOR UPDATE"
-        ),
+        f"INSERT INTO {VERSIONS_TABLE} (key, version, updated_at) "
+        f"SELECT k, {NO_VERSION}, {dialect.now} FROM unnest(%s::text[]) WITH ORDINALITY "
+        "AS t(k, i) ORDER BY i ON CONFLICT (key) DO NOTHING",
+        f"SELECT key FROM {VERSIONS_TABLE} WHERE key = ANY(%s::text[]) ORDER BY key FOR UPDATE",
     ]
 
 

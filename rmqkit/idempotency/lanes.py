@@ -37,7 +37,7 @@ from typing import Any, Generic, TypeVar
 
 from rmqkit.errors import ConfigError
 from rmqkit.guard import apply_sql, lock_keys_sql
-from rmqkit.idempotency.record import forget_sql, insert_many_sql
+from rmqkit.idempotency.record import forget_sql, insert_many
 from rmqkit.idempotency.schema import PROCESSED_TABLE
 from rmqkit.store import (
     Dsn,
@@ -158,6 +158,17 @@ class _Conn:
                 await self._call(self.handle.close)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+
+    def in_transaction(self) -> bool:
+        """Whether the transaction is still open and usable: a handler that swallowed an SQL
+        error leaves a PostgreSQL transaction aborted (its COMMIT would quietly roll back every
+        message of the batch), one that ran COMMIT/ROLLBACK itself ended it."""
+        info = getattr(self.handle, "info", None)
+        status = getattr(info, "transaction_status", None)
+        if status is not None:  # psycopg: IDLE, ACTIVE, INTRANS, INERROR, UNKNOWN
+            return bool(status.name == "INTRANS")
+        connection = getattr(self.handle, "sync", self.handle)  # rmqkit's async SQLite wraps one
+        return bool(getattr(connection, "in_transaction", True))
 
     async def abandon(self) -> None:
         """Close a connection a timed-out handler may still be using (its thread cannot be
@@ -325,15 +336,15 @@ class DedupeLanes(Generic[R]):
     ) -> list[tuple[Verdict, R | None]]:
         dialect, queue = self._dialect, self.options.queue
         await conn.execute(self._begin)
-        ids = sorted({job.message_id for job in jobs})
-        params = [value for message_id in ids for value in (message_id, queue)]
-        new = {row[0] for row in await conn.fetch(insert_many_sql(dialect, len(ids)), params)}
+        sql, params = insert_many(dialect, sorted({job.message_id for job in jobs}), queue)
+        new = {row[0] for row in await conn.fetch(sql, params)}
         keys = sorted({job.order.key for job in jobs if job.order is not None})
-        for statement in lock_keys_sql(dialect, len(keys)):
-            if statement.startswith("SELECT"):
-                await conn.fetch(statement, keys)
-            else:
-                await conn.execute(statement, keys)
+        if keys:
+            for statement in lock_keys_sql(dialect):
+                if statement.startswith("SELECT"):
+                    await conn.fetch(statement, [keys])
+                else:
+                    await conn.execute(statement, [keys])
         results: list[tuple[Verdict, R | None]] = [(Verdict.DUPLICATE, None)] * len(jobs)
         pending: list[int] = []
         for index, job in enumerate(jobs):
@@ -341,37 +352,58 @@ class DedupeLanes(Generic[R]):
                 new.discard(job.message_id)  # a second copy in the same batch is a duplicate
                 pending.append(index)
         if self._savepoints:
+            # One savepoint per message. The previous one is released together with the next
+            # SAVEPOINT (one round trip on PostgreSQL); COMMIT releases the last one.
+            opened = False
             for index in pending:
-                results[index] = await self._in_savepoint(conn, jobs[index])
+                results[index] = await self._in_savepoint(conn, jobs[index], opened)
+                opened = True
+        elif len(pending) == 1:
+            index = pending[0]
+            results[index] = await self._settle(conn, jobs[index], await jobs[index].call(None))
         else:
             outcomes = await asyncio.gather(*(jobs[i].call(None) for i in pending))
             for index, outcome in zip(pending, outcomes, strict=True):
-                if self._judge(outcome) is HandlerEnd.OK:
-                    results[index] = (Verdict.APPLIED, outcome)
-                else:
-                    await conn.execute(forget_sql(dialect), (jobs[index].message_id,))
-                    results[index] = (Verdict.ROLLED_BACK, outcome)
+                results[index] = await self._settle(conn, jobs[index], outcome)
+        if not conn.in_transaction():
+            raise RuntimeError(
+                "the transaction was aborted or ended inside a handler (an SQL error it caught, "
+                "or its own COMMIT/ROLLBACK): nothing of it is committed"
+            )
         await conn.execute("COMMIT")
         return results
 
-    async def _in_savepoint(self, conn: _Conn, job: _Job[R]) -> tuple[Verdict, R | None]:
-        await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+    async def _settle(self, conn: _Conn, job: _Job[R], outcome: R) -> tuple[Verdict, R | None]:
+        if self._judge(outcome) is HandlerEnd.OK:
+            return Verdict.APPLIED, outcome
+        await conn.execute(forget_sql(self._dialect), (job.message_id,))
+        return Verdict.ROLLED_BACK, outcome
+
+    async def _in_savepoint(
+        self, conn: _Conn, job: _Job[R], previous_open: bool
+    ) -> tuple[Verdict, R | None]:
+        if not previous_open:
+            await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        elif self._dialect.name == "postgresql":  # two statements, one round trip
+            await conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}; SAVEPOINT {_SAVEPOINT}")
+        else:  # sqlite3 runs one statement per call
+            await conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+            await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
         if job.order is not None:
             applied = await conn.execute(
                 apply_sql(self._dialect), (job.order.key, job.order.version)
             )
             if applied != 1:
-                await conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
                 return Verdict.STALE, None
         outcome = await job.call(conn.handle if self.options.pass_transaction else None)
         end = self._judge(outcome)
         if end is HandlerEnd.OK:
-            await conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
             return Verdict.APPLIED, outcome
         if end is HandlerEnd.ABANDONED and self.options.pass_transaction:
             raise _Abandoned(job, outcome)
+        # Back to the start of this message: its writes and the guard's version are undone;
+        # the id was recorded before the savepoint, so it is deleted explicitly.
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-        await conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
         await conn.execute(forget_sql(self._dialect), (job.message_id,))
         return Verdict.ROLLED_BACK, outcome
 

@@ -42,14 +42,23 @@ def insert_sql(dialect: Dialect) -> str:
     )
 
 
-def insert_many_sql(dialect: Dialect, count: int) -> str:
-    """One statement recording ``count`` ids at once (parameters: queue, then the ids in the
-    order to lock them); returns the ids that were new."""
-    rows = ", ".join([f"(?, ?, {dialect.now})"] * count)
-    return dialect.q(
+def insert_many(dialect: Dialect, ids: list[str], queue: str) -> tuple[str, list[Any]]:
+    """One statement recording ``ids`` at once, in the order given (the order their row locks
+    are taken in); it returns the ids that were new. On PostgreSQL the ids are one array
+    parameter, so the statement text is the same for every batch size (prepared once)."""
+    if dialect.name == "postgresql":
+        sql = (
+            f"INSERT INTO {PROCESSED_TABLE} (message_id, queue, processed_at) "
+            f"SELECT m, %s, {dialect.now} FROM unnest(%s::text[]) WITH ORDINALITY AS t(m, i) "
+            "ORDER BY i ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+        )
+        return sql, [queue, ids]
+    rows = ", ".join([f"(?, ?, {dialect.now})"] * len(ids))
+    sql = (
         f"INSERT INTO {PROCESSED_TABLE} (message_id, queue, processed_at) VALUES {rows} "
         "ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
     )
+    return sql, [value for message_id in ids for value in (message_id, queue)]
 
 
 def forget_sql(dialect: Dialect) -> str:
@@ -84,7 +93,7 @@ async def record_async(tx: AsyncConnection, message_id: str, *, queue: str = "")
 __all__ = [
     "Transaction",
     "forget_sql",
-    "insert_many_sql",
+    "insert_many",
     "insert_sql",
     "record",
     "record_async",

@@ -215,11 +215,16 @@ def test_a_broken_transaction_reruns_each_message_alone(dsn: str) -> None:
         try:
             calls = [lanes.run(f"b-{i}", writer(f"b-{i}")) for i in range(10)]
             calls.insert(5, lanes.run("bad", breaker()))
+            # last in its batch: a PostgreSQL COMMIT of the aborted transaction would quietly
+            # roll the whole batch back while every message in it looked applied
+            calls.append(lanes.run("bad-last", breaker()))
             return list(await asyncio.gather(*calls, return_exceptions=True))
         finally:
             await lanes.close()
 
     results = asyncio.run(main())
     errors = [r for r in results if isinstance(r, BaseException)]
-    assert len(errors) == 1
+    assert len(errors) == 2
     assert business(dsn) == Counter(f"b-{i}" for i in range(10))
+    recorded = {row[0] for row in query(dsn, "SELECT message_id FROM rmqkit_processed")}
+    assert recorded == {f"b-{i}" for i in range(10)}
