@@ -1,4 +1,4 @@
-"""Prometheus metrics and the HTTP health endpoints of one consumer process.
+"""Prometheus metrics of one consumer process, and the state its health endpoints report.
 
 ``ConsumerMetrics`` owns a private ``CollectorRegistry`` (never prometheus_client's global one, so
 several consumers in one process, and tests, do not collide). Every series carries the work queue
