@@ -29,11 +29,19 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         raise Interrupted("interrupted") from None
 
 
-def seconds_option(text: str | None, flag: str) -> float | None:
+def seconds(text: str, flag: str) -> float:
     """A duration flag (``30s``, ``1h``) in seconds; a bad one is a usage error (exit 2)."""
-    if text is None:
-        return None
     try:
         return parse_duration_ms(text) / 1000
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
+
+
+def seconds_option(text: str | None, flag: str) -> float | None:
+    """``seconds`` for a flag that may be absent (None stays None)."""
+    return None if text is None else seconds(text, flag)
+
+
+def topology_option(help_text: str) -> Any:
+    """The ``--topology/-t FILE`` option; each command says what it takes from the file."""
+    return typer.Option(None, "--topology", "-t", help=help_text)

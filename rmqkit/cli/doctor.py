@@ -7,37 +7,27 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from, topology_option
 from rmqkit.cli.render import print_json, stdout
 from rmqkit.cli.topology import ViaChoice
-from rmqkit.durations import parse_duration_ms
-from rmqkit.errors import UsageError
 from rmqkit.health.doctor import DoctorReport, run_doctor
 from rmqkit.topology import load_topology
 
+_TOPOLOGY_HELP = (
+    "Topology file: also report where the broker is out of sync with it (as `plan`), "
+    "and take queue roles and handler timeouts from it."
+)
 _STYLE = {"critical": "bold red", "warning": "yellow", "ok": "green", "skipped": "dim"}
 
 
-def _duration_s(text: str | None, flag: str, *, zero_ok: bool = False) -> float | None:
-    if text is None:
-        return None
-    if zero_ok and text.strip() in ("0", "0s", "0ms"):
-        return 0.0
-    try:
-        return parse_duration_ms(text) / 1000
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
+def _sample_s(text: str) -> float:
+    """--growth-sample in seconds; 0 (no second read) is allowed here, unlike other durations."""
+    return 0.0 if text.strip() in ("0", "0s", "0ms") else seconds(text, "--growth-sample")
 
 
 def doctor(
     ctx: typer.Context,
-    topology: Path | None = typer.Option(
-        None,
-        "--topology",
-        "-t",
-        help="Topology file: also report where the broker is out of sync with it (as `plan`), "
-        "and take queue roles and handler timeouts from it.",
-    ),
+    topology: Path | None = topology_option(_TOPOLOGY_HELP),
     via: ViaChoice = typer.Option(
         ViaChoice.policy,
         "--via",
@@ -72,8 +62,8 @@ def doctor(
             settings,
             topology=spec,
             via="policy" if via == ViaChoice.policy else "arguments",
-            handler_timeout_s=_duration_s(handler_timeout, "--handler-timeout"),
-            sample_interval_s=_duration_s(growth_sample, "--growth-sample", zero_ok=True) or 0.0,
+            handler_timeout_s=seconds_option(handler_timeout, "--handler-timeout"),
+            sample_interval_s=_sample_s(growth_sample),
         )
     )
     if as_json:

@@ -1,4 +1,7 @@
-"""Options and helpers shared by the `rmqkit parking` commands (rmqkit/cli/parking.py)."""
+"""Options and helpers shared by the `rmqkit parking` commands (rmqkit/cli/parking*.py).
+
+The one definition of the parking queue and filter options (``filtered``), the progress bar,
+the browse warnings and the ``--ids-from`` reader."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import inspect
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -18,7 +22,6 @@ from rmqkit.cli.render import stderr
 from rmqkit.errors import DataError, UsageError
 from rmqkit.parking.browse import BrowseStats
 from rmqkit.parking.model import ParkedFilter
-from rmqkit.parking.ops import ParkingStats
 from rmqkit.topology import load_topology
 
 QUEUE_ARG = typer.Argument(None, help="Parking queue (or use --topology FILE --queue WORK).")
@@ -65,6 +68,7 @@ def parked_filter(
     ids: list[str],
     grep: str | None,
 ) -> ParkedFilter:
+    """The filter the options describe; a bad ``--header`` or age is a usage error (exit 2)."""
     pairs = []
     for item in header:
         key, sep, value = item.partition("=")
@@ -93,41 +97,62 @@ _FILTER_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("ids", list[str], ID_OPT),
     ("grep", str | None, GREP_OPT),
 )
+_QUEUE_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("queue", str | None, QUEUE_ARG),
+    ("topology", Path | None, TOPOLOGY_OPT),
+    ("work", str | None, WORK_OPT),
+)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a filtering command works on: the parking queue, the fields the topology marks
+    sensitive in it, and the filter its messages must match."""
+
+    queue: str
+    sensitive: frozenset[str]
+    flt: ParkedFilter
+
+
+def _parameters(
+    options: tuple[tuple[str, Any, Any], ...], kind: inspect._ParameterKind
+) -> list[inspect.Parameter]:
+    return [
+        inspect.Parameter(name, kind, default=option, annotation=hint)
+        for name, hint, option in options
+    ]
 
 
 def filtered(command: Callable[..., None]) -> Callable[..., None]:
-    """Give ``command`` the shared filter options; it receives them as one ``flt``."""
+    """Give ``command`` the parking queue (name, or --topology/--queue) and the shared filter
+    options, the one definition of them; it receives them resolved as one ``sel: Selection``.
+
+    The queue options take the place of ``sel`` in the command's signature (so in --help);
+    the filter options come last.
+    """
     hints = get_type_hints(command)
-    own = [
-        p.replace(annotation=hints[p.name])
-        for p in inspect.signature(command).parameters.values()
-        if p.name != "flt"
-    ]
-    extra = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
-        for name, kind, option in _FILTER_OPTIONS
-    ]
+    own: list[inspect.Parameter] = []
+    for p in inspect.signature(command).parameters.values():
+        if p.name == "sel":
+            own.extend(_parameters(_QUEUE_OPTIONS, p.kind))
+        else:
+            own.append(p.replace(annotation=hints[p.name]))
+    every = own + _parameters(_FILTER_OPTIONS, inspect.Parameter.KEYWORD_ONLY)
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> None:
-        values = {name: kwargs.pop(name) for name, _, _ in _FILTER_OPTIONS}
-        command(*args, flt=parked_filter(**values), **kwargs)
+        flt = parked_filter(**{name: kwargs.pop(name) for name, _, _ in _FILTER_OPTIONS})
+        where = {name: kwargs.pop(name) for name, _, _ in _QUEUE_OPTIONS}
+        name, sensitive = parking_queue(where["queue"], where["topology"], where["work"])
+        command(*args, sel=Selection(name, sensitive, flt), **kwargs)
 
-    run.__signature__ = inspect.Signature(own + extra)  # type: ignore[attr-defined]
-    run.__annotations__ = {p.name: p.annotation for p in own + extra}
+    run.__signature__ = inspect.Signature(every)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in every}
     return run
 
 
-def age_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
-
-
 def warn_browse(name: str, stats: BrowseStats) -> None:
+    """Say on stderr which messages a browse could not show (held or taken by others)."""
     if stats.other_consumers:
         stderr.print(
             f"warning: {name!r} had {stats.other_consumers} other consumer(s) when the browse "
@@ -149,6 +174,7 @@ def warn_browse(name: str, stats: BrowseStats) -> None:
 
 
 def progress_bar(label: str) -> tuple[Progress, Any]:
+    """A progress bar on stderr (hidden when it is not a terminal) and its update callback."""
     progress = Progress(
         TextColumn(label),
         BarColumn(),
@@ -164,37 +190,6 @@ def progress_bar(label: str) -> tuple[Progress, Any]:
         progress.update(task, completed=seen, total=total)
 
     return progress, update
-
-
-def stats_verdict(
-    result: ParkingStats, max_count: int | None, max_age: str | None
-) -> tuple[int, list[str]]:
-    """The monitoring verdict (0/1/2) and why; held messages count, unseen ones warn."""
-    age_limit = seconds_option(max_age, "--max-age")
-    status = 0
-    why: list[str] = []
-    if max_count is None and age_limit is None:
-        return status, why
-    counted = result.matched + result.held_by_others
-    if max_count is not None:
-        if counted > max_count:
-            status, why = 2, [*why, f"{counted} parked > {max_count}"]
-        elif counted > 0.8 * max_count:
-            status, why = max(status, 1), [*why, f"{counted} parked > 80% of {max_count}"]
-    if age_limit is not None and result.oldest_age_s is not None:
-        if result.oldest_age_s > age_limit:
-            status, why = 2, [*why, f"oldest {age_text(result.oldest_age_s)} > {max_age}"]
-        elif result.oldest_age_s > 0.8 * age_limit:
-            status = max(status, 1)
-            why = [*why, f"oldest {age_text(result.oldest_age_s)} > 80% of {max_age}"]
-    if result.other_consumers:
-        status = max(status, 1)
-        why = [
-            *why,
-            f"{result.other_consumers} other consumer(s) hold {result.held_by_others} "
-            "message(s) unacked (per the management API, which lags ~5 s): not inspected",
-        ]
-    return status, why
 
 
 def read_ids(path: Path) -> frozenset[str]:

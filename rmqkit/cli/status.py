@@ -13,24 +13,21 @@ from rich.live import Live
 from rich.table import Table
 
 from rmqkit.broker.management import management
-from rmqkit.cli.common import run_async, settings_from
-from rmqkit.cli.render import print_json, stdout
-from rmqkit.durations import parse_duration_ms
-from rmqkit.errors import UsageError
+from rmqkit.cli.common import run_async, seconds, settings_from, topology_option
+from rmqkit.cli.render import age_text, print_json, stdout
 from rmqkit.health.status import QueueStatus, StatusReport, read_status, read_status_once
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology, load_topology
 
+_TOPOLOGY_HELP = (
+    "Show the topology's work, wait and parking queues, grouped per work queue "
+    "(default: every queue of the vhost, grouped by their dead-letter wiring)."
+)
+
 
 def status(
     ctx: typer.Context,
-    topology: Path | None = typer.Option(
-        None,
-        "--topology",
-        "-t",
-        help="Show the topology's work, wait and parking queues, grouped per work queue "
-        "(default: every queue of the vhost, grouped by their dead-letter wiring).",
-    ),
+    topology: Path | None = topology_option(_TOPOLOGY_HELP),
     as_json: bool = typer.Option(
         False, "--json", help="Print JSON (with --watch: one line per reading)."
     ),
@@ -57,10 +54,7 @@ def status(
         else:
             _print_lines(report)
         return
-    try:
-        every_s = parse_duration_ms(interval) / 1000
-    except ValueError as exc:
-        raise UsageError(f"--interval: {exc}") from None
+    every_s = seconds(interval, "--interval")
     run_async(_watch(settings, spec, every_s, as_json=as_json, parking_age=parking_age))
 
 
@@ -178,13 +172,19 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
+def _cells(row: _Row, *, blank: str) -> tuple[str, ...]:
+    """A row's columns as text; ``blank`` stands for an empty note or a non-parking age."""
+    return (
+        row.name,
+        row.role,
+        _num(row.ready),
+        _num(row.unacked),
+        _num(row.consumers),
+        _rate(row.publish_rate),
+        _rate(row.deliver_rate),
+        age_text(row.oldest_age_s) if row.role == "parking" else blank,
+        row.note or blank,
+    )
 
 
 def status_table(report: StatusReport, every_s: float | None = None) -> Table:
@@ -212,18 +212,7 @@ def status_table(report: StatusReport, every_s: float | None = None) -> Table:
         if index:
             table.add_section()
         for row in section:
-            oldest = _age(row.oldest_age_s) if row.role == "parking" else ""
-            table.add_row(
-                row.name,
-                row.role,
-                _num(row.ready),
-                _num(row.unacked),
-                _num(row.consumers),
-                _rate(row.publish_rate),
-                _rate(row.deliver_rate),
-                oldest,
-                row.note,
-            )
+            table.add_row(*_cells(row, blank=""))
     if not report.rates_kept:
         table.caption = "the broker keeps no message rates: in/s and out/s are unknown"
     return table
@@ -234,15 +223,4 @@ def _print_lines(report: StatusReport) -> None:
     print("queue\trole\tready\tunacked\tconsumers\tin/s\tout/s\toldest\tnote")
     for section in display_rows(report):
         for row in section:
-            fields = (
-                row.name,
-                row.role,
-                _num(row.ready),
-                _num(row.unacked),
-                _num(row.consumers),
-                _rate(row.publish_rate),
-                _rate(row.deliver_rate),
-                _age(row.oldest_age_s) if row.role == "parking" else "-",
-                row.note or "-",
-            )
-            print("\t".join(fields))
+            print("\t".join(_cells(row, blank="-")))

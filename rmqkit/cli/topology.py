@@ -31,6 +31,12 @@ VIA_OPT = typer.Option(
     "queues) or 'arguments' (x-arguments, for brokers without the management plugin).",
 )
 
+VERSION_OPT = typer.Option(
+    None,
+    "--broker-version",
+    help="Target RabbitMQ version, e.g. 3.13 or 4.1 (default: asked from the broker).",
+)
+
 
 def _via(value: ViaChoice) -> Literal["policy", "arguments"]:
     return "policy" if value == ViaChoice.policy else "arguments"
@@ -103,11 +109,7 @@ def export(
     vhost: str | None = typer.Option(
         None, "--vhost", help="Vhost to put in the definitions (default: the one RMQKIT_URL names)."
     ),
-    broker_version: str | None = typer.Option(
-        None,
-        "--broker-version",
-        help="Target RabbitMQ version, e.g. 3.13 or 4.1 (default: asked from the broker).",
-    ),
+    broker_version: str | None = VERSION_OPT,
     output: Path | None = typer.Option(None, "--output", "-o", help="Write to a file."),
     force: bool = typer.Option(False, "--force", help="Replace the --output file if it exists."),
 ) -> None:

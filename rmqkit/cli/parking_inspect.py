@@ -1,0 +1,190 @@
+"""`rmqkit parking list | show | stats`: the commands that read a parking queue and change
+nothing (every browsed message goes back, in order)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+
+import typer
+from rich.table import Table
+
+from rmqkit.broker.codec import PROPERTIES
+from rmqkit.cli.common import run_async, seconds_option, settings_from
+from rmqkit.cli.parking_options import REDACT_OPT, Selection, filtered, progress_bar, warn_browse
+from rmqkit.cli.render import age_text, stdout
+from rmqkit.errors import DataError
+from rmqkit.fileout import OutputError
+from rmqkit.parking.model import ParkedMessage, json_safe, redact_body, redact_value
+from rmqkit.parking.ops import find_parked, list_parked
+from rmqkit.parking.thresholds import ParkingCheck, StatsLimits, check_parking
+
+
+@filtered
+def list_cmd(
+    ctx: typer.Context,
+    sel: Selection,
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Stop after N matches."),
+    as_json: bool = typer.Option(False, "--json", help="NDJSON, one object per message."),
+    redact: list[str] = REDACT_OPT,
+) -> None:
+    """List parked messages (non-destructive: the queue keeps every message)."""
+    settings = settings_from(ctx)
+    keys = sel.sensitive | {k.lower() for k in redact}
+    now = datetime.now(UTC)  # ages as of the start of the browse
+    rows: list[ParkedMessage] = []
+
+    def emit(message: ParkedMessage) -> None:
+        if as_json:
+            _write(json.dumps(message.summary(redact=keys), default=str) + "\n")
+        else:
+            rows.append(message)
+
+    progress, update = progress_bar("browsing")
+    with progress:
+        stats = run_async(
+            list_parked(settings, sel.queue, sel.flt, emit, limit=limit, progress=update)
+        )
+    warn_browse(sel.queue, stats)
+    if as_json:
+        _write(None)
+    elif not stdout.is_terminal:  # piped: one tab-separated line per message, never wrapped
+        _print_lines(rows, now)
+    else:
+        title = f"{sel.queue}: {len(rows)} of {stats.queue_count} message(s)"
+        stdout.print(_list_table(title, rows, now))
+
+
+def _write(text: str | None) -> None:
+    """Write (None: flush) the NDJSON listing; stdout on a full disk is exit 74, not a bug."""
+    try:
+        if text is None:
+            sys.stdout.flush()
+        else:
+            sys.stdout.write(text)
+    except OSError as exc:
+        raise OutputError(f"writing the listing failed: {exc.strerror or exc}") from None
+
+
+def _print_lines(rows: list[ParkedMessage], now: datetime) -> None:
+    print("message_id\treason\terror_type\terror_message\tattempts\torigin\tage\tsize")
+    for m in rows:
+        text = (m.error_message or "").replace("\t", " ").replace("\n", " ")
+        fields = (
+            m.message_id or "-",
+            m.reason or "-",
+            m.error_type or "-",
+            text,
+            str(m.attempts),
+            m.origin_queue or "-",
+            age_text(m.age_s(now)),
+            str(m.size),
+        )
+        print("\t".join(fields))
+
+
+def _list_table(title: str, rows: list[ParkedMessage], now: datetime) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("message_id", "reason", "error", "attempts", "origin", "age", "size"):
+        table.add_column(column, overflow="fold")
+    for m in rows:
+        error = f"{m.error_type or '-'}: {m.error_message or ''}".strip(": ")
+        table.add_row(
+            m.message_id or "-",
+            m.reason or "-",
+            error[:80],
+            str(m.attempts),
+            m.origin_queue or "-",
+            age_text(m.age_s(now)),
+            str(m.size),
+        )
+    return table
+
+
+def show_cmd(
+    ctx: typer.Context,
+    queue: str = typer.Argument(..., help="Parking queue."),
+    message_id: str = typer.Argument(..., help="message_id of the parked message."),
+    redact: list[str] = REDACT_OPT,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Print one parked message whole: properties, headers, body (non-destructive)."""
+    settings = settings_from(ctx)
+    keys = frozenset(k.lower() for k in redact)
+    message = run_async(find_parked(settings, queue, message_id))
+    if message is None:
+        raise DataError(f"no message with message_id {message_id!r} in {queue!r}")
+    props = message.properties
+    properties = {  # every basic property present but the headers (shown apart, redacted)
+        prop.attr: json_safe(getattr(props, prop.attr))
+        for prop in PROPERTIES
+        if prop.name != "headers" and getattr(props, prop.attr, None) is not None
+    }
+    document = {
+        **message.summary(redact=keys),
+        "properties": properties,
+        "body": redact_body(message.body, keys),
+    }
+    document["headers"] = redact_value(json_safe(message.headers), keys)
+    print(json.dumps(document, indent=2, default=str, ensure_ascii=False))
+
+
+@filtered
+def stats_cmd(
+    ctx: typer.Context,
+    sel: Selection,
+    max_count: int | None = typer.Option(
+        None, "--max-count", help="Check: critical (2) above N, warning (1) above 80% of N."
+    ),
+    max_age: str | None = typer.Option(
+        None, "--max-age", help="Check: critical (2) if the oldest is older, warning (1) at 80%."
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Counts by reason, error type and origin; oldest age. With --max-count/--max-age it is a
+    monitoring check: exit 0 ok, 1 warning, 2 critical (Nagios plugin convention). Messages
+    another consumer (a replay, an export) holds unacked cannot be read: they count toward
+    --max-count, and while any consumer is on the queue the check is at least a warning."""
+    settings = settings_from(ctx)
+    limits = StatsLimits(max_count, seconds_option(max_age, "--max-age"), max_age)
+    check = run_async(check_parking(settings, sel.queue, sel.flt, limits))
+    verdict = check.verdict
+    if as_json:
+        document = {**check.stats.as_dict(), "status": verdict.status, "why": list(verdict.why)}
+        print(json.dumps(document, indent=2))
+    else:
+        _print_stats(check)
+    raise typer.Exit(verdict.status)
+
+
+def _print_stats(check: ParkingCheck) -> None:
+    result = check.stats
+    held = (
+        f"; {result.held_by_others} more held unacked by {result.other_consumers} other "
+        "consumer(s), not inspected"
+        if result.other_consumers
+        else ""
+    )
+    stdout.print(
+        f"[bold]{result.queue}[/bold]: {result.matched} message(s)"
+        + (f" of {result.total}" if result.matched != result.total else "")
+        + f", {result.bytes} bytes, oldest {age_text(result.oldest_age_s)}"
+        + (f", parking {result.publish_rate:.2f}/s" if result.publish_rate else "")
+        + held,
+        highlight=False,
+    )
+    for title, counts in (
+        ("reason", result.by_reason),
+        ("error type", result.by_error_type),
+        ("origin", result.by_origin),
+    ):
+        table = Table(title=f"by {title}", title_justify="left")
+        table.add_column(title)
+        table.add_column("count", justify="right")
+        for key, count in counts.most_common():
+            table.add_row(key, str(count))
+        stdout.print(table)
+    if check.limits.given:
+        why = check.verdict.why
+        print(f"PARKING {check.verdict.label}: " + ("; ".join(why) if why else "within limits"))

@@ -1,0 +1,219 @@
+"""`rmqkit parking replay | purge | export | import`: the commands that move parked messages
+(out of the queue, into a file, or from a file into a queue), never losing one."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.parking_options import Selection, filtered, progress_bar, read_ids
+from rmqkit.cli.render import stderr
+from rmqkit.errors import ExitCode, PartialSuccess, UsageError
+from rmqkit.fileout import SafeOutput, check_output, output_mode
+from rmqkit.parking.journal import ImportJournal
+from rmqkit.parking.ops import purge_parked
+from rmqkit.parking.replay import replay_parked
+from rmqkit.parking.transfer import export_parked, import_records, read_export
+
+
+@filtered
+def replay_cmd(
+    ctx: typer.Context,
+    sel: Selection,
+    to_exchange: str | None = typer.Option(
+        None,
+        "--to-exchange",
+        help="Send to this exchange instead, routed with each message's original routing key "
+        "(a message with none stays parked) unless --routing-key is given.",
+    ),
+    routing_key: str | None = typer.Option(
+        None,
+        "--routing-key",
+        help="Route with this key (on the default exchange, a key is a queue name).",
+    ),
+    rate: float | None = typer.Option(None, "--rate", min=0.01, help="Messages per second."),
+    limit: int | None = typer.Option(None, "--limit", min=1),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Send parked messages back to the queue they failed in, each acked only after the
+    broker confirmed its copy. Attempts start afresh; the failure history is kept.
+    Exit 3 if some could not be replayed (they stay parked). Safe to interrupt and rerun."""
+    settings = settings_from(ctx)
+    progress, update = progress_bar("replaying")
+    with progress:
+        report = run_async(
+            replay_parked(
+                settings,
+                sel.queue,
+                sel.flt,
+                to_exchange=to_exchange,
+                routing_key=routing_key,
+                dry_run=dry_run,
+                rate=rate,
+                limit=limit,
+                progress=update,
+            )
+        )
+    if dry_run:
+        for message_id, exchange, key in report.plan:
+            print(
+                f"would replay {message_id or '-'} → exchange {exchange or '(default)'!s} key {key}"
+            )
+    if as_json:
+        print(json.dumps({**report.as_dict(), "dry_run": dry_run}))
+    else:
+        verb = "would replay" if dry_run else "replayed"
+        count = len(report.plan) if dry_run else report.replayed
+        stderr.print(
+            f"{verb} {count} of {report.selected} selected; returned {report.returned}, "
+            f"failed {report.failed}, skipped {report.skipped}",
+            highlight=False,
+        )
+        _print_problems(report.problems)
+    if not dry_run and report.partial:
+        raise PartialSuccess(
+            f"{report.selected - report.replayed} of {report.selected} message(s) could not be "
+            "replayed and stay parked — see the problems above"
+        )
+
+
+def _print_problems(problems: dict[str, int]) -> None:
+    for problem, n in problems.items():
+        stderr.print(f"  {n} x {problem}", highlight=False)
+
+
+@filtered
+def purge_cmd(
+    ctx: typer.Context,
+    sel: Selection,
+    ids_from: Path | None = typer.Option(
+        None,
+        "--ids-from",
+        help="Only these message_ids: a `list --json` output or one id a line ('-': stdin).",
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Purge at most N."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would be purged."),
+) -> None:
+    """Delete parked messages: all, or those matching the filters. Asks first unless --yes,
+    and then deletes only the messages it counted: ones parked while it asked stay."""
+    settings = settings_from(ctx)
+    name, flt = sel.queue, sel.flt
+    if ids_from is not None:
+        flt = dataclasses.replace(flt, ids=flt.ids | read_ids(ids_from))
+    if dry_run or not yes:
+        counted = run_async(purge_parked(settings, name, flt, dry_run=True, limit=limit))
+        if dry_run:
+            print(f"would purge {counted.count} message(s) from {name}")
+            return
+        if counted.count == 0:
+            print(f"nothing to purge in {name}")
+            return
+        if not sys.stdin.isatty():
+            raise UsageError("purge needs --yes when not run from a terminal")
+        if not typer.confirm(f"Purge {counted.count} message(s) from {name}?", err=True):
+            raise typer.Exit(ExitCode.OK)
+        purged = run_async(purge_parked(settings, name, flt, only=counted.identities))
+        gone = counted.count - purged.count
+        print(
+            f"purged {purged.count} message(s) from {name}"
+            + (f" ({gone} of those counted were no longer there)" if gone else "")
+        )
+        return
+    purged = run_async(purge_parked(settings, name, flt, limit=limit))
+    print(f"purged {purged.count} message(s) from {name}")
+
+
+@filtered
+def export_cmd(
+    ctx: typer.Context,
+    sel: Selection,
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write to FILE, not stdout."),
+    force: bool = typer.Option(False, "--force", help="Replace FILE if it exists."),
+    append: bool = typer.Option(False, "--append", help="Add to the end of FILE."),
+    remove: bool = typer.Option(
+        False,
+        "--remove",
+        help="Remove each exported message, once its line is on disk (needs --output).",
+    ),
+) -> None:
+    """Write parked messages as NDJSON that round-trips exactly (docs/export-format.md).
+    The queue keeps them unless --remove. An existing FILE is refused unless --force or
+    --append; FILE appears only when complete (with --remove: before the first removal).
+    A write error (disk full): exit 74, the file holds exactly the removed messages."""
+    settings = settings_from(ctx)
+    name, flt = sel.queue, sel.flt
+    mode = output_mode(force=force, append=append)
+    if output is None and (remove or force or append):
+        raise UsageError("--remove, --force and --append need --output FILE")
+    progress, update = progress_bar("exporting")
+    if output is None:
+        with progress:
+            report = run_async(export_parked(settings, name, flt, sys.stdout, progress=update))
+    else:
+        check_output(output, mode)  # before touching the queue
+        with SafeOutput(output, mode) as sink, progress:
+            report = run_async(
+                export_parked(settings, name, flt, sink, remove=remove, progress=update)
+            )
+    stderr.print(
+        f"exported {report.written} message(s) from {name}"
+        + (f" to {output}" if output is not None else "")
+        + (f", removed {report.removed}" if remove else "; the queue keeps them"),
+        highlight=False,
+    )
+
+
+def import_cmd(
+    ctx: typer.Context,
+    file: Path = typer.Argument(..., help="NDJSON written by `rmqkit parking export`."),
+    queue: str = typer.Argument(..., help="Queue to publish into (default exchange)."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Skip the records an earlier import confirmed (its journal)."
+    ),
+    again: bool = typer.Option(
+        False, "--again", help="Publish every record, even ones imported before (duplicates)."
+    ),
+) -> None:
+    """Publish an export file into QUEUE with confirms. The whole file is checked first,
+    property values included (a bad line: exit 65 naming it, nothing published); exit 3 if
+    some were not confirmed. Each confirmed record goes into a journal beside FILE, so an
+    import that stopped is continued with --resume, without duplicates."""
+    settings = settings_from(ctx)
+    if resume and again:
+        raise UsageError("give --resume or --again, not both")
+    records = read_export(file)
+    journal = ImportJournal(file, settings.vhost, queue)
+    progress, update = progress_bar("importing")
+    with progress:
+        report = run_async(
+            import_records(
+                settings,
+                records,
+                queue,
+                journal=journal,
+                resume=resume,
+                again=again,
+                source=str(file),
+                progress=update,
+            )
+        )
+    stderr.print(
+        f"imported {report.published} of {report.records} message(s) into {queue}"
+        + (f" ({report.skipped} imported before, skipped)" if report.skipped else "")
+        + (f"; returned {report.returned}, nacked {report.nacked}" if report.partial else ""),
+        highlight=False,
+    )
+    _print_problems(report.problems)
+    if report.partial:
+        missing = report.records - report.published - report.skipped
+        raise PartialSuccess(
+            f"{missing} message(s) were not confirmed — fix the cause and run the same import "
+            f"with --resume (the journal {journal.path} says what is in {queue} already)"
+        )
