@@ -1,0 +1,100 @@
+"""The reliability checks of `rmqkit doctor`: one pure function each, over a fetched vhost.
+
+Each check takes a ``DoctorInput`` and returns its findings (empty: ok), or raises
+``CheckSkipped`` when the broker did not give it what it needs (stats off, no topology file).
+The checklist comes from seed 004 and ../shared/rabbitmq-facts.md; docs/doctor.md explains
+each check, why it matters and the fix.
+
+This package owns the checklist: ``CHECKS``, in the order doctor reports them, is the one
+registry. The checks live by what they look at: ``dead_letters`` (where rejected messages go),
+``lanes`` (parking and work queue bounds), ``traffic`` (messages at risk in flight) and
+``config`` (policies, timeouts, the topology file); ``common`` holds what they share.
+"""
+
+from __future__ import annotations
+
+from rmqkit.health.checks.config import (
+    PER_QUEUE_CONSUMER_TIMEOUT_SINCE,
+    classic_mirrored_policies,
+    handler_timeout_above_consumer_timeout,
+    topology_out_of_sync,
+)
+from rmqkit.health.checks.dead_letters import (
+    at_least_once_without_reject_publish,
+    dead_letter_target_missing,
+    quorum_without_dead_letter,
+)
+from rmqkit.health.checks.lanes import parking_limit_or_ttl, unbounded_work_queue
+from rmqkit.health.checks.traffic import (
+    growing_without_consumers,
+    transient_messages,
+    unroutable_dropped,
+)
+from rmqkit.health.findings import (
+    SEVERITY_RANK,
+    Check,
+    CheckSkipped,
+    DoctorInput,
+    Finding,
+    Severity,
+)
+
+CHECKS: tuple[Check, ...] = (
+    Check(
+        "quorum-no-dead-letter",
+        "quorum queue without a dead-letter target",
+        quorum_without_dead_letter,
+    ),
+    Check(
+        "dead-letter-target-missing",
+        "dead-letter exchange or target that does not exist",
+        dead_letter_target_missing,
+    ),
+    Check(
+        "at-least-once-without-reject-publish",
+        "at-least-once dead-lettering without overflow reject-publish",
+        at_least_once_without_reject_publish,
+    ),
+    Check("parking-limit-or-ttl", "parking queue with a limit or TTL", parking_limit_or_ttl),
+    Check("classic-mirrored-policy", "classic mirrored (ha-*) policies", classic_mirrored_policies),
+    Check("transient-messages", "transient messages in durable queues", transient_messages),
+    Check(
+        "unroutable-dropped",
+        "unroutable publishes dropped (no alternate exchange)",
+        unroutable_dropped,
+    ),
+    Check(
+        "growing-without-consumers",
+        "queue growing with no consumers",
+        growing_without_consumers,
+    ),
+    Check("unbounded-work-queue", "work queue without a length bound", unbounded_work_queue),
+    Check(
+        "handler-timeout-above-consumer-timeout",
+        "handler timeout not below the consumer timeout",
+        handler_timeout_above_consumer_timeout,
+    ),
+    Check("topology-out-of-sync", "topology file out of sync", topology_out_of_sync),
+)
+
+__all__ = [
+    "CHECKS",
+    "PER_QUEUE_CONSUMER_TIMEOUT_SINCE",
+    "SEVERITY_RANK",
+    "Check",
+    "CheckSkipped",
+    "DoctorInput",
+    "Finding",
+    "Severity",
+    "at_least_once_without_reject_publish",
+    "classic_mirrored_policies",
+    "dead_letter_target_missing",
+    "growing_without_consumers",
+    "handler_timeout_above_consumer_timeout",
+    "parking_limit_or_ttl",
+    "quorum_without_dead_letter",
+    "topology_out_of_sync",
+    "transient_messages",
+    "unbounded_work_queue",
+    "unroutable_dropped",
+]
