@@ -63,13 +63,13 @@ def relay_cmd(
         metrics_port=metrics_port,
     )
     report = run_async(run_relay(settings_from(ctx), options))
-    if once:
-        typer.echo(
-            f"published {report.published}, returned {report.returned}, nacked {report.nacked}, "
-            f"failed {report.failed}; left pending {report.left_pending}"
-        )
-        for message_id, error in list(report.errors.items())[:10]:
-            typer.echo(f"  {message_id}: {error}", err=True)
+    left = f"; left pending {report.left_pending}" if once else ""
+    typer.echo(
+        f"published {report.published}, returned {report.returned}, nacked {report.nacked}, "
+        f"failed {report.failed}{left}"
+    )
+    for message_id, error in list(report.errors.items())[:10]:
+        typer.echo(f"  {message_id}: {error}")
     raise typer.Exit(report.exit_code)
 
 

@@ -2,11 +2,24 @@
 
 Ordering (docs/outbox.md, "Order"): a row is claimed only when every earlier pending row of
 its aggregate is claimable too (a row backing off after a failure holds back the rest of its
-aggregate), in id order. On PostgreSQL a relay claims inside a transaction that stays open
-until its batch is marked, holding ``FOR UPDATE SKIP LOCKED`` row locks and one transaction
-advisory lock per aggregate (``pg_try_advisory_xact_lock(727002, hashtext(aggregate))``): a
-second relay skips every row of an aggregate the first holds, so rows of one aggregate are never
-in flight on two relays, and the next relay to take the aggregate sees the first one's marks.
+aggregate), in id order. Only a row that failed (``last_error`` set) can be backing off, so the
+check looks at failing rows only, through the ``rmqkit_outbox_failing`` partial index.
+
+On PostgreSQL a relay claims inside a transaction that stays open until its batch is marked,
+holding ``FOR UPDATE SKIP LOCKED`` row locks and one transaction advisory lock per aggregate
+(``pg_try_advisory_xact_lock(727002, hashtext(aggregate))``): a second relay skips every row of
+an aggregate the first holds, so rows of one aggregate are never in flight on two relays.
+
+The claim runs in two statements: the first takes the locks (an aggregate's lock as its scan
+reaches the aggregate), the second, ``reclaim``, selects the rows again from a new snapshot,
+limited to the free rows the first one locked and the aggregates it holds. The second statement
+is what makes the order right: an aggregate lock can be granted in the middle of the first
+scan, when the relay that held it commits; that scan has by then passed over the aggregate's
+earlier rows (lock refused) and would claim a later row ahead of them (three relays on 50
+aggregates did exactly that before the second statement existed). The new snapshot is taken
+after every lock is held, so it sees the previous holder's marks and starts each aggregate at
+its true head.
+
 On SQLite one relay at a time holds a lease (``rmqkit_outbox_lease``).
 """
 
@@ -32,6 +45,7 @@ ROW_COLUMNS: Final = (
 AGGREGATE_LOCK_SPACE: Final = 727002  # first key of the two-key advisory locks
 RETENTION_CHUNK: Final = 500  # rows per retention DELETE: short transactions, small WAL bursts
 FAILING_SHOWN: Final = 20
+ONCE: Final = "{a}.last_attempt_at IS NULL OR {a}.last_attempt_at < ?"
 
 
 @dataclass(frozen=True)
@@ -40,6 +54,8 @@ class Queries:
 
     claim_due: str  # params: limit
     claim_once: str  # params: run_start, run_start, limit
+    reclaim_due: str  # PostgreSQL: the claim again, on the locks the first one took
+    reclaim_once: str
     mark_published_prefix: str  # + "(?, ?, ...)" for the ids
     mark_failed: str  # params: error, backoff seconds, id
     delete_published: str  # params: retention seconds, chunk
@@ -59,7 +75,7 @@ def queries_for(dialect: Dialect) -> Queries:
     now = dialect.now
     pg = dialect.name == "postgresql"
 
-    def claim(due: str) -> str:
+    def claim(due: str, *, reclaim: bool = False) -> str:
         ready = due.format(a="o")
         blocked = due.format(a="e")
         lock = (
@@ -68,18 +84,22 @@ def queries_for(dialect: Dialect) -> Queries:
             if pg
             else ""
         )
+        if reclaim:  # params: ..., the free rows' ids, the aggregates locked, limit
+            lock = " AND ((o.aggregate IS NULL AND o.id = ANY(?)) OR o.aggregate = ANY(?))"
         return dialect.q(
             f"SELECT {', '.join('o.' + c for c in ROW_COLUMNS)} FROM {TABLE} o "
             f"WHERE o.published_at IS NULL AND ({ready}) AND (o.aggregate IS NULL OR NOT EXISTS "
             f"(SELECT 1 FROM {TABLE} e WHERE e.aggregate = o.aggregate AND e.published_at IS NULL"
-            f" AND e.id < o.id AND NOT ({blocked}))){lock} ORDER BY o.id LIMIT ?"
-            + (" FOR UPDATE OF o SKIP LOCKED" if pg else "")
+            f" AND e.last_error IS NOT NULL AND e.id < o.id AND NOT ({blocked}))){lock} "
+            "ORDER BY o.id LIMIT ?" + (" FOR UPDATE OF o SKIP LOCKED" if pg else "")
         )
 
     return Queries(
         claim_due=claim(f"{{a}}.next_attempt_at <= {now}"),
         # --once tries every pending row once, whatever its back-off: the run is the retry.
-        claim_once=claim("{a}.last_attempt_at IS NULL OR {a}.last_attempt_at < ?"),
+        claim_once=claim(ONCE),
+        reclaim_due=claim(f"{{a}}.next_attempt_at <= {now}", reclaim=True),
+        reclaim_once=claim(ONCE, reclaim=True),
         mark_published_prefix=(
             f"UPDATE {TABLE} SET published_at = {now}, last_attempt_at = {now}, "
             "attempts = attempts + 1, last_error = NULL WHERE id IN "

@@ -221,12 +221,23 @@ class Relay:
         # PostgreSQL: the claim's row and aggregate locks last until the marks commit.
         scope: Any = conn.transaction() if self.pg else contextlib.nullcontext()  # type: ignore[union-attr]
         async with scope:
-            rows = [Row.of(v) for v in await self._fetch(claim, (*params, self.options.batch))]
+            limit = self.options.batch
+            found = await self._fetch(claim, (*params, limit))
+            held = sorted({str(v[7]) for v in found if v[7] is not None})
+            if self.pg and held:  # queries.py: the second statement puts aggregates in order
+                free = [int(v[0]) for v in found if v[7] is None]
+                again = (
+                    self.sql.reclaim_once if claim == self.sql.claim_once else self.sql.reclaim_due
+                )
+                found = await self._fetch(again, (*params, free, held, limit))
+            rows = [Row.of(v) for v in found]
             if not rows:
                 return 0
+            log.debug("claimed %d rows, ids %d..%d", len(rows), rows[0].id, rows[-1].id)
             outcomes = await self._publish(rows)
             await _test_pause()
             await self._mark(rows, outcomes)
+        log.debug("committed the marks of ids %d..%d", rows[0].id, rows[-1].id)
         self.report.batches += 1
         if self.broker.lost:
             raise BrokerUnavailable("the broker connection was lost during a batch")

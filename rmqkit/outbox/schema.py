@@ -38,9 +38,10 @@ def ddl(dialect: Dialect) -> list[str]:
 )""",
         # The dispatch index: pending rows in insertion order (the relay's scan).
         f"CREATE INDEX IF NOT EXISTS {TABLE}_pending ON {TABLE} (id) WHERE published_at IS NULL",
-        # Per-aggregate head lookup: the earliest pending row of an aggregate.
-        f"CREATE INDEX IF NOT EXISTS {TABLE}_aggregate ON {TABLE} (aggregate, id) "
-        "WHERE published_at IS NULL",
+        # Failing rows by aggregate: "does a row backing off hold this aggregate back?" and
+        # status's failing list. Normally empty, so the check costs nothing.
+        f"CREATE INDEX IF NOT EXISTS {TABLE}_failing ON {TABLE} (aggregate, id) "
+        "WHERE published_at IS NULL AND last_error IS NOT NULL",
         # Retention deletes and "published in the last hour".
         f"CREATE INDEX IF NOT EXISTS {TABLE}_published ON {TABLE} (published_at) "
         "WHERE published_at IS NOT NULL",
