@@ -1,5 +1,6 @@
 """rmqkit: RabbitMQ consumers that lose nothing and never loop on poison."""
 
+from rmqkit import outbox  # rmqkit.outbox.add(conn, ...): the transactional outbox
 from rmqkit._version import __version__
 from rmqkit.consumer.message import Message, Permanent, Retry
 from rmqkit.errors import (
@@ -7,6 +8,7 @@ from rmqkit.errors import (
     BrokerError,
     BrokerUnavailable,
     ConfigError,
+    DatabaseUnavailable,
     DataError,
     ExitCode,
     OutputError,
@@ -26,6 +28,7 @@ __all__ = [
     "BrokerUnavailable",
     "ConfigError",
     "DataError",
+    "DatabaseUnavailable",
     "ExitCode",
     "Message",
     "OutputError",
@@ -41,4 +44,5 @@ __all__ = [
     "UsageError",
     "__version__",
     "load_settings",
+    "outbox",
 ]

@@ -18,7 +18,7 @@ import pytest
 
 import rmqkit.outbox
 from rmqkit.outbox import add, add_async, add_sqlalchemy, encode_body
-from rmqkit.store import Store
+from rmqkit.store import POSTGRESQL, SQLITE, Store
 
 BASE_DSN = os.environ.get("RMQKIT_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -166,7 +166,9 @@ def test_init_ddl_is_documented_and_idempotent(pg_dsn: str) -> None:
     statements = rmqkit.outbox.init(pg_dsn)
     assert any("rmqkit_outbox_pending" in s for s in statements)
     docs = (Path(__file__).resolve().parents[2] / "docs" / "outbox.md").read_text()
-    assert "CREATE TABLE IF NOT EXISTS rmqkit_outbox" in docs
+    for dialect in (POSTGRESQL, SQLITE):  # the documented schema is the one init runs
+        for statement in rmqkit.outbox.ddl(dialect):
+            assert statement + ";" in docs, statement
     with psycopg.connect(pg_dsn) as check:
         indexes = {
             r[0]
