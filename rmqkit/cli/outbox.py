@@ -46,6 +46,11 @@ def relay_cmd(
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", help="Serve Prometheus metrics on this port."
     ),
+    notify: bool = typer.Option(
+        True,
+        "--notify/--no-notify",
+        help="PostgreSQL: wake on LISTEN/NOTIFY (off: poll only, e.g. behind PgBouncer).",
+    ),
 ) -> None:
     """Publish pending outbox rows with confirms, then mark them published (runs until SIGTERM,
     which finishes the batch in flight). Exit codes: 0 ok, 3 rows left pending (--once),
@@ -61,6 +66,7 @@ def relay_cmd(
         once=once,
         retention_s=retention_s,
         metrics_port=metrics_port,
+        listen=notify,
     )
     report = run_async(run_relay(settings_from(ctx), options))
     left = f"; left pending {report.left_pending}" if once else ""

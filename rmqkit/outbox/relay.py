@@ -62,6 +62,7 @@ class RelayOptions:
     retention_s: float | None = 7 * 86400.0
     metrics_port: int | None = None
     lease_s: float = 30.0  # SQLite: how long a relay's lease outlives its last renewal
+    listen: bool = True  # PostgreSQL: LISTEN for commits (off: poll only, e.g. behind PgBouncer)
 
 
 @dataclass
@@ -125,7 +126,7 @@ class Relay:
         # should not wait on the broker.
         self._conn = await open_connection_async(self.store.dsn)
         await self._check_table()
-        if self.pg:
+        if self.pg and self.options.listen:
             self._listener = await open_connection_async(self.store.dsn)
             await self._listener.execute(f"LISTEN {CHANNEL}")
         await self.broker.open()

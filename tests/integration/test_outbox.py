@@ -242,3 +242,62 @@ def test_unreachable_database_broker_and_bad_dsn(vhost: str, tmp_path: Path) -> 
         assert result.returncode == code, (args, result.stderr)
         assert len(lines) == 1 and lines[0].startswith("rmqkit: error: "), (args, lines)
         assert "s3cret" not in result.stderr + result.stdout
+
+
+def test_two_sqlite_relays_take_turns_under_the_lease(vhost: str, tmp_path: Path) -> None:
+    """The second relay waits for the lease instead of publishing the same rows."""
+    import signal
+    import time
+
+    dsn = f"sqlite:///{tmp_path}/app.db"
+    exchange, queue = f"lease-{uuid.uuid4().hex[:6]}", f"lease-{uuid.uuid4().hex[:6]}"
+    declare(vhost, exchange, queue)
+    rmqkit.outbox.init(dsn)
+    conn = _connect(dsn)
+    ids = [
+        rmqkit.outbox.add(conn, exchange=exchange, routing_key="k", body=b"x") for _ in range(2000)
+    ]
+    conn.commit()
+    relays = [relay_process(dsn, vhost, "--batch", "50", "--poll", "100ms") for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        while conn.execute(
+            "SELECT count(*) FROM rmqkit_outbox WHERE published_at IS NULL"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline and all(r.poll() is None for r in relays)
+            time.sleep(0.2)
+    finally:
+        for relay in relays:
+            relay.send_signal(signal.SIGTERM)
+    outputs = [relay.communicate(timeout=30)[0] for relay in relays]
+    assert [relay.returncode for relay in relays] == [0, 0], outputs
+    got = [m["message_id"] for m in collect(vhost, queue)]
+    assert len(got) == 2000 and set(got) == set(ids)  # none twice
+    assert got == ids  # one relay at a time: insertion order
+    assert conn.execute("SELECT count(*) FROM rmqkit_outbox_lease").fetchone() == (0,)  # released
+    conn.close()
+
+
+def test_retention_deletes_old_published_rows_only(vhost: str, dsn: str) -> None:
+    import time
+
+    exchange, queue = f"ret-{uuid.uuid4().hex[:6]}", f"ret-{uuid.uuid4().hex[:6]}"
+    declare(vhost, exchange, queue)
+    rmqkit.outbox.init(dsn)
+    conn = _connect(dsn)
+    for _ in range(1200):  # more than one retention chunk (500)
+        rmqkit.outbox.add(conn, exchange=exchange, routing_key="k", body=b"old")
+    conn.commit()
+    assert outbox("relay", "--dsn", dsn, "--once", vhost=vhost).returncode == 0
+    time.sleep(1.5)
+    rmqkit.outbox.add(conn, exchange=exchange, routing_key="k", body=b"new")
+    rmqkit.outbox.add(conn, exchange=f"missing-{uuid.uuid4().hex[:6]}", routing_key="k", body=b"x")
+    conn.commit()
+    run = outbox("relay", "--dsn", dsn, "--once", "--retention", "1s", vhost=vhost)
+    assert run.returncode == 3  # the row to a missing exchange is left pending
+    rows = conn.execute(
+        "SELECT body, published_at IS NULL FROM rmqkit_outbox ORDER BY id"
+    ).fetchall()
+    conn.close()
+    assert [(bytes(body), pending) for body, pending in rows] == [(b"new", False), (b"x", True)]
+    assert len(collect(vhost, queue)) == 1201
