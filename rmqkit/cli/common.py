@@ -10,6 +10,7 @@ import typer
 
 from rmqkit.durations import parse_duration_ms
 from rmqkit.errors import Interrupted, UsageError
+from rmqkit.idempotency import parse_window
 from rmqkit.settings import Settings, load_settings
 
 T = TypeVar("T")
@@ -29,17 +30,18 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         raise Interrupted("interrupted") from None
 
 
-def seconds(text: str, flag: str) -> float:
-    """A duration flag (``30s``, ``1h``) in seconds; a bad one is a usage error (exit 2)."""
+def seconds(text: str, flag: str, *, days: bool = False) -> float:
+    """A duration flag (``30s``, ``1h``; with ``days`` also ``7d``, as retention windows are
+    spelled) in seconds; a bad one is a usage error (exit 2)."""
     try:
-        return parse_duration_ms(text) / 1000
+        return parse_window(text) if days else parse_duration_ms(text) / 1000
     except ValueError as exc:
         raise UsageError(f"{flag}: {exc}") from None
 
 
-def seconds_option(text: str | None, flag: str) -> float | None:
+def seconds_option(text: str | None, flag: str, *, days: bool = False) -> float | None:
     """``seconds`` for a flag that may be absent (None stays None)."""
-    return None if text is None else seconds(text, flag)
+    return None if text is None else seconds(text, flag, days=days)
 
 
 def topology_option(help_text: str) -> Any:

@@ -10,12 +10,27 @@ from rich.table import Table
 from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from, topology_option
 from rmqkit.cli.render import print_json, stdout
 from rmqkit.cli.topology import ViaChoice
+from rmqkit.errors import UsageError
 from rmqkit.health.doctor import DoctorReport, run_doctor
 from rmqkit.topology import load_topology
 
 _TOPOLOGY_HELP = (
     "Topology file: also report where the broker is out of sync with it (as `plan`), "
     "and take queue roles and handler timeouts from it."
+)
+# The idempotent-consumer store check (issue 13): off unless --dedupe names a store.
+DEDUPE_OPT = typer.Option(
+    None,
+    "--dedupe",
+    metavar="DSN",
+    help="Also check this idempotent-consumer store (`consume --dedupe`): its window must "
+    "outlast the longest retry path plus --replay-horizon.",
+)
+HORIZON_OPT = typer.Option(
+    None,
+    "--replay-horizon",
+    help="With --dedupe: how long parked messages may wait before they are replayed, "
+    "e.g. 3d (what your runbook promises).",
 )
 _STYLE = {"critical": "bold red", "warning": "yellow", "ok": "green", "skipped": "dim"}
 
@@ -45,6 +60,8 @@ def doctor(
         help="Read idle queues' ready counts twice this far apart to see them grow "
         "(0: judge from management rates only).",
     ),
+    dedupe: str | None = DEDUPE_OPT,
+    replay_horizon: str | None = HORIZON_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Check the vhost against the reliability checklist: dead-letter wiring, parking queues,
@@ -56,6 +73,8 @@ def doctor(
     Statistics the broker does not keep are tolerated: those checks are skipped.
     """
     settings = settings_from(ctx)
+    if replay_horizon is not None and dedupe is None:
+        raise UsageError("--replay-horizon goes with --dedupe DSN")
     spec = load_topology(topology) if topology is not None else None
     report = run_async(
         run_doctor(
@@ -64,6 +83,8 @@ def doctor(
             via="policy" if via == ViaChoice.policy else "arguments",
             handler_timeout_s=seconds_option(handler_timeout, "--handler-timeout"),
             sample_interval_s=_sample_s(growth_sample),
+            dedupe_dsn=dedupe,
+            replay_horizon_s=seconds_option(replay_horizon, "--replay-horizon", days=True),
         )
     )
     if as_json:

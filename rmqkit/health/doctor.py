@@ -17,8 +17,9 @@ from rmqkit.broker.amqp import connection
 from rmqkit.broker.management import management
 from rmqkit.broker.snapshot import Snapshot, read_snapshot
 from rmqkit.consumer.config import DEFAULT_HANDLER_TIMEOUT_S
-from rmqkit.health.checks import (
-    CHECKS,
+from rmqkit.health.checks import CHECKS, DEDUPE_CHECK
+from rmqkit.health.dedupe import read_dedupe_window
+from rmqkit.health.findings import (
     SEVERITY_RANK,
     Check,
     CheckSkipped,
@@ -204,6 +205,8 @@ async def run_doctor(
     via: Via = "policy",
     handler_timeout_s: float | None = None,
     sample_interval_s: float = 1.0,
+    dedupe_dsn: str | None = None,
+    replay_horizon_s: float | None = None,
 ) -> DoctorReport:
     """Check the vhost the settings point at.
 
@@ -211,6 +214,11 @@ async def run_doctor(
     ``handler_timeout`` in the topology file, else the consumer's default). A
     ``sample_interval_s`` of 0 skips the second read of idle queues (growth is then judged
     from management rates alone).
+
+    With ``dedupe_dsn`` (an idempotent-consumer store) the ``dedupe-window-short`` check runs
+    too: the store's window against the longest retry path plus ``replay_horizon_s``, the
+    parking replay horizon the operator declares. A store that cannot be read is an error
+    (69 unreachable, 78 not initialised), as the broker is.
     """
     async with management(settings) as api:
         snapshot = await read_snapshot(api)
@@ -227,6 +235,9 @@ async def run_doctor(
             settings, idle_growth_candidates(snapshot, roles), sample_interval_s
         )
     plan = topology_plan(snapshot, topology, via) if topology is not None else None
+    dedupe = None
+    if dedupe_dsn is not None:
+        dedupe = await read_dedupe_window(dedupe_dsn, replay_horizon_s, snapshot, roles, topology)
     inp = DoctorInput(
         snapshot=snapshot,
         roles=roles,
@@ -240,12 +251,14 @@ async def run_doctor(
         ready_samples=samples,
         sample_interval_s=sample_interval_s,
         plan=plan,
+        dedupe=dedupe,
     )
+    checks = CHECKS if dedupe is None else (*CHECKS, DEDUPE_CHECK)
     return DoctorReport(
         vhost=snapshot.vhost,
         broker_version=snapshot.version,
         checked_at=datetime.now(UTC),
-        checks=run_checks(inp),
+        checks=run_checks(inp, checks),
     )
 
 

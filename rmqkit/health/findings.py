@@ -46,6 +46,18 @@ class CheckSkipped(Exception):
 
 
 @dataclass(frozen=True)
+class DedupeWindow:
+    """What the ``dedupe-window-short`` check compares (``doctor --dedupe DSN``): the store's
+    retention window against how late a copy of a message can come back."""
+
+    store: str  # the DSN, masked
+    window_s: float | None  # recorded by `rmqkit dedupe init` (None: none recorded)
+    replay_horizon_s: float | None  # --replay-horizon as declared (None: not declared)
+    # work queue → (its longest retry path in seconds, how it was computed)
+    retry_paths: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class DoctorInput:
     """Everything the checks look at, fetched beforehand so the checks stay pure."""
 
@@ -57,6 +69,7 @@ class DoctorInput:
     ready_samples: dict[str, tuple[int, int]] = field(default_factory=dict)  # before, after
     sample_interval_s: float = 0.0
     plan: Plan | None = None
+    dedupe: DedupeWindow | None = None
 
     def role(self, name: str) -> Role:
         """The role of queue ``name`` ("other" if unknown)."""
@@ -86,6 +99,7 @@ __all__ = [
     "SEVERITY_RANK",
     "Check",
     "CheckSkipped",
+    "DedupeWindow",
     "DoctorInput",
     "Finding",
     "Severity",

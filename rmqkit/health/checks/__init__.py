@@ -9,6 +9,7 @@ This package owns the checklist: ``CHECKS``, in the order doctor reports them, i
 registry. The checks live by what they look at: ``dead_letters`` (where rejected messages go),
 ``lanes`` (parking and work queue bounds), ``traffic`` (messages at risk in flight) and
 ``config`` (policies, timeouts, the topology file); ``common`` holds what they share.
+``DEDUPE_CHECK`` (``dedupe``) runs only when doctor is given an idempotent-consumer store.
 """
 
 from __future__ import annotations
@@ -24,20 +25,14 @@ from rmqkit.health.checks.dead_letters import (
     dead_letter_target_missing,
     quorum_without_dead_letter,
 )
+from rmqkit.health.checks.dedupe import DEDUPE_CHECK, dedupe_window_short
 from rmqkit.health.checks.lanes import parking_limit_or_ttl, unbounded_work_queue
 from rmqkit.health.checks.traffic import (
     growing_without_consumers,
     transient_messages,
     unroutable_dropped,
 )
-from rmqkit.health.findings import (
-    SEVERITY_RANK,
-    Check,
-    CheckSkipped,
-    DoctorInput,
-    Finding,
-    Severity,
-)
+from rmqkit.health.findings import Check, CheckSkipped, DoctorInput, Finding
 
 CHECKS: tuple[Check, ...] = (
     Check(
@@ -79,16 +74,16 @@ CHECKS: tuple[Check, ...] = (
 
 __all__ = [
     "CHECKS",
+    "DEDUPE_CHECK",
     "PER_QUEUE_CONSUMER_TIMEOUT_SINCE",
-    "SEVERITY_RANK",
     "Check",
     "CheckSkipped",
     "DoctorInput",
     "Finding",
-    "Severity",
     "at_least_once_without_reject_publish",
     "classic_mirrored_policies",
     "dead_letter_target_missing",
+    "dedupe_window_short",
     "growing_without_consumers",
     "handler_timeout_above_consumer_timeout",
     "parking_limit_or_ttl",

@@ -100,6 +100,7 @@ def dead_letter_target_missing(inp: DoctorInput) -> list[Finding]:
 def at_least_once_without_reject_publish(inp: DoctorInput) -> list[Finding]:
     """``dead-letter-strategy=at-least-once`` needs ``overflow=reject-publish``; otherwise the
     broker silently falls back to at-most-once (a log line only)."""
+    check = "at-least-once-without-reject-publish"
     found: list[Finding] = []
     for queue in plain_queues(inp):
         if queue.settings.get("dead-letter-strategy") != "at-least-once":
@@ -107,33 +108,26 @@ def at_least_once_without_reject_publish(inp: DoctorInput) -> list[Finding]:
         if queue.dead_letter_exchange is None:
             continue
         if queue.type != "quorum":
-            found.append(
-                Finding(
-                    "at-least-once-without-reject-publish",
-                    "warning",
-                    "queue",
-                    queue.name,
-                    f"dead-letter-strategy at-least-once on a {queue.type} queue: only quorum "
-                    "queues support it, so dead-lettering here is at-most-once",
-                    "use a quorum queue for messages whose dead letters must not be lost",
-                )
+            evidence = (
+                f"dead-letter-strategy at-least-once on a {queue.type} queue: only quorum "
+                "queues support it, so dead-lettering here is at-most-once"
             )
-            continue
-        overflow = queue.settings.get("overflow")
-        if overflow == "reject-publish":
-            continue
-        shown = f"{overflow} ({queue.source('overflow')})" if overflow else "drop-head (default)"
-        found.append(
-            Finding(
-                "at-least-once-without-reject-publish",
-                "warning",
-                "queue",
-                queue.name,
+            fix = "use a quorum queue for messages whose dead letters must not be lost"
+        else:
+            overflow = queue.settings.get("overflow")
+            if overflow == "reject-publish":
+                continue
+            shown = (
+                f"{overflow} ({queue.source('overflow')})" if overflow else "drop-head (default)"
+            )
+            evidence = (
                 f"dead-letter-strategy at-least-once ({queue.source('dead-letter-strategy')}) "
                 f"with overflow {shown}: the broker silently falls back to at-most-once, so a "
-                "dead letter can be lost on a node failure",
-                "set overflow reject-publish (policy key `overflow`; on quorum queues the "
-                "policy wins over an argument)",
+                "dead letter can be lost on a node failure"
             )
-        )
+            fix = (
+                "set overflow reject-publish (policy key `overflow`; on quorum queues the "
+                "policy wins over an argument)"
+            )
+        found.append(Finding(check, "warning", "queue", queue.name, evidence, fix))
     return found
