@@ -16,7 +16,8 @@ own writes gives exactly one effect per message (seeds 003 and 004). Public API:
 The consumer side is described in docs/idempotency.md.
 """
 
-from rmqkit.idempotency.lanes import DedupeLanes, HandlerEnd, LaneOptions, OrderKey, Verdict
+from rmqkit.idempotency.jobs import HandlerEnd, LaneOptions, OrderKey, Verdict
+from rmqkit.idempotency.lanes import DedupeLanes
 from rmqkit.idempotency.maintenance import (
     DEFAULT_BATCH,
     DedupeStatus,

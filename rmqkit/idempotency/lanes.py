@@ -28,170 +28,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from enum import Enum, StrEnum
 from typing import Any, Generic, TypeVar
 
 from rmqkit.errors import ConfigError
 from rmqkit.guard import apply_sql, lock_keys_sql
+from rmqkit.idempotency.connections import LaneConnection, open_lane_connection
+from rmqkit.idempotency.jobs import (
+    Abandoned,
+    Batch,
+    Claim,
+    HandlerEnd,
+    Job,
+    LaneOptions,
+    OrderKey,
+    Verdict,
+)
 from rmqkit.idempotency.record import forget_sql, insert_many
 from rmqkit.idempotency.schema import PROCESSED_TABLE
-from rmqkit.store import (
-    Dsn,
-    as_dsn,
-    dialect_for,
-    map_db_error,
-    open_connection,
-    open_connection_async,
-)
-from rmqkit.store.connect import SQLITE_BUSY_TIMEOUT_S
+from rmqkit.store import Dsn, as_dsn, dialect_for, map_db_error
 
 log = logging.getLogger("rmqkit.consumer")
 R = TypeVar("R")
 _SAVEPOINT = "rmqkit_message"
 _REOPEN_PAUSE_S = 0.5  # a database that refuses connections is not asked again at once
-
-
-class HandlerEnd(Enum):
-    """How a handler call ended, as far as its transaction is concerned."""
-
-    OK = "ok"  # commit its writes
-    FAILED = "failed"  # roll back its writes and its id
-    ABANDONED = "abandoned"  # still running (timed out): the connection may be in use
-
-
-class Verdict(StrEnum):
-    """What happened to one message."""
-
-    APPLIED = "applied"
-    DUPLICATE = "duplicate"  # id already recorded: handler not called
-    STALE = "stale"  # not newer than its key's applied version: handler not called
-    ROLLED_BACK = "rolled_back"  # the handler failed: its writes and id rolled back
-
-
-@dataclass(frozen=True)
-class OrderKey:
-    """The ordering guard's key and version of one message."""
-
-    key: str
-    version: int
-
-
-@dataclass(frozen=True)
-class LaneOptions:
-    """``connections`` lanes, at most ``batch`` messages per transaction."""
-
-    dsn: str
-    queue: str
-    connections: int = 4
-    batch: int = 100
-    pass_transaction: bool = False  # the handler takes an rmqkit.Transaction
-    sync_connection: bool = False  # it runs in a thread: give it a sync connection
-    ordered: bool = False  # messages carry an OrderKey (the guard runs)
-
-
-@dataclass(eq=False)
-class _Job(Generic[R]):
-    message_id: str
-    order: OrderKey | None
-    call: Callable[[Any], Awaitable[R]]
-    future: asyncio.Future[tuple[Verdict, R | None]] = field(repr=False)
-
-    def resolve(self, verdict: Verdict, outcome: R | None) -> None:
-        if not self.future.done():
-            self.future.set_result((verdict, outcome))
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(exc)
-
-
-class _Abandoned(Exception):
-    def __init__(self, job: _Job[Any], outcome: Any) -> None:
-        super().__init__("handler abandoned its transaction")
-        self.job, self.outcome = job, outcome
-
-
-class _Conn:
-    """One lane's connection behind one async interface, whatever the driver."""
-
-    def __init__(self, handle: Any, executor: ThreadPoolExecutor | None) -> None:
-        self.handle = handle  # what the handler receives
-        self._executor = executor  # sync drivers: their calls run on this lane's thread
-
-    async def _call(self, fn: Callable[[], Any]) -> Any:
-        assert self._executor is not None
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
-
-    async def execute(self, sql: str, params: Any = None) -> int:
-        if self._executor is None:
-            cursor = await (
-                self.handle.execute(sql) if params is None else self.handle.execute(sql, params)
-            )
-            return int(cursor.rowcount)
-        handle = self.handle
-        return int(
-            await self._call(
-                lambda: (
-                    (
-                        handle.execute(sql) if params is None else handle.execute(sql, params)
-                    ).rowcount
-                )
-            )
-        )
-
-    async def fetch(self, sql: str, params: Any) -> list[Any]:
-        if self._executor is None:
-            cursor = await self.handle.execute(sql, params)
-            return list(await cursor.fetchall())
-        handle = self.handle
-        return list(await self._call(lambda: handle.execute(sql, params).fetchall()))
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            if self._executor is None:
-                await self.handle.close()
-            else:
-                await self._call(self.handle.close)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-
-    def in_transaction(self) -> bool:
-        """Whether the transaction is still open and usable: a handler that swallowed an SQL
-        error leaves a PostgreSQL transaction aborted (its COMMIT would quietly roll back every
-        message of the batch), one that ran COMMIT/ROLLBACK itself ended it."""
-        info = getattr(self.handle, "info", None)
-        status = getattr(info, "transaction_status", None)
-        if status is not None:  # psycopg: IDLE, ACTIVE, INTRANS, INERROR, UNKNOWN
-            return bool(status.name == "INTRANS")
-        connection = getattr(self.handle, "sync", self.handle)  # rmqkit's async SQLite wraps one
-        return bool(getattr(connection, "in_transaction", True))
-
-    async def abandon(self) -> None:
-        """Close a connection a timed-out handler may still be using (its thread cannot be
-        stopped): interrupt what runs on it, then close it, which rolls its transaction back
-        and releases its locks; the handler, if it goes on, gets an error on its next call."""
-        if self._executor is not None:
-            with contextlib.suppress(Exception):
-                if isinstance(self.handle, sqlite3.Connection):
-                    self.handle.interrupt()
-                else:
-                    self.handle.cancel()
-        await self.close()
-
-
-def _sqlite_for_threads(path: str) -> sqlite3.Connection:
-    # As rmqkit.store opens SQLite, but usable from the handler threads too (one at a time: a
-    # lane runs its transaction's statements in sequence).
-    connection = sqlite3.connect(
-        path, timeout=SQLITE_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-    )
-    connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA synchronous=NORMAL")
-    return connection
 
 
 class DedupeLanes(Generic[R]):
@@ -208,8 +68,9 @@ class DedupeLanes(Generic[R]):
         self._judge = judge
         self._savepoints = options.pass_transaction or options.ordered
         self._begin = "BEGIN IMMEDIATE" if self._dialect.name == "sqlite" else "BEGIN"
-        self._queue: asyncio.Queue[_Job[R]] = asyncio.Queue()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Job, or Claim without savepoints
         self._lanes: list[asyncio.Task[None]] = []
+        self.transactions = 0  # committed (for the logs and the benchmark: messages per commit)
 
     async def start(self) -> None:
         """Check the store answers and was initialised; start the lanes."""
@@ -245,47 +106,60 @@ class DedupeLanes(Generic[R]):
         connection when the handler takes one, else None) unless it is a duplicate or stale.
         Returns the verdict and the call's outcome (None when not called); raises the store's
         error when the transaction could not be completed."""
-        future: asyncio.Future[tuple[Verdict, R | None]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._queue.put_nowait(_Job(message_id, order, call, future))
+        loop = asyncio.get_running_loop()
+        if not self._savepoints:
+            return await self._run_claimed(loop, message_id, call)
+        future: asyncio.Future[tuple[Verdict, R | None]] = loop.create_future()
+        self._queue.put_nowait(Job(message_id, order, call, future))
         return await future
 
-    # --- lanes ----------------------------------------------------------------------------
-    async def _open(self) -> _Conn:
+    async def _run_claimed(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        message_id: str,
+        call: Callable[[Any], Awaitable[R]],
+    ) -> tuple[Verdict, R | None]:
+        """Without savepoints the handler runs here, in the delivery's own task (no task per
+        message): a lane records the id and keeps the transaction open until every handler of
+        its batch has reported, then commits; the verdict comes after the commit."""
+        claim: asyncio.Future[tuple[Batch, bool]] = loop.create_future()
+        self._queue.put_nowait(Claim(message_id, claim))
+        batch, new = await claim
+        if not new:
+            return Verdict.DUPLICATE, None
+        ok = False
         try:
-            if not self.options.sync_connection:
-                return _Conn(await open_connection_async(self._dsn), None)
-            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmqkit-dedupe")
-            loop = asyncio.get_running_loop()
-            if self._dsn.backend == "sqlite":
-                opener: Callable[[], Any] = lambda: _sqlite_for_threads(self._dsn.target)  # noqa: E731
-            else:
-                opener = lambda: open_connection(self._dsn)  # noqa: E731
-            try:
-                handle = await loop.run_in_executor(executor, opener)
-            except BaseException:
-                executor.shutdown(wait=False)
-                raise
-            return _Conn(handle, executor)
-        except Exception as exc:
-            raise (map_db_error(exc, self._dsn) or exc) from None
+            outcome = await call(None)
+            ok = self._judge(outcome) is HandlerEnd.OK
+        finally:
+            batch.report(message_id, ok)
+        await batch.committed.wait()
+        if batch.error is not None:
+            raise batch.error
+        return (Verdict.APPLIED if ok else Verdict.ROLLED_BACK), outcome
+
+    # --- lanes ----------------------------------------------------------------------------
+    async def _open(self) -> LaneConnection:
+        return await open_lane_connection(self._dsn, sync=self.options.sync_connection)
 
     async def _lane(self) -> None:
-        conn: _Conn | None = None
+        conn: LaneConnection | None = None
         try:
             while True:
                 jobs = [await self._queue.get()]
                 while len(jobs) < self.options.batch and not self._queue.empty():
                     jobs.append(self._queue.get_nowait())
-                conn = await self._process(conn, jobs, fallback=len(jobs) > 1)
+                if self._savepoints:
+                    conn = await self._process(conn, jobs, fallback=len(jobs) > 1)
+                else:
+                    conn = await self._claims(conn, jobs)
         finally:
             if conn is not None:
                 await asyncio.shield(conn.close())
 
     async def _process(
-        self, conn: _Conn | None, jobs: list[_Job[R]], *, fallback: bool
-    ) -> _Conn | None:
+        self, conn: LaneConnection | None, jobs: list[Job[R]], *, fallback: bool
+    ) -> LaneConnection | None:
         if conn is None:
             try:
                 conn = await self._open()
@@ -297,7 +171,7 @@ class DedupeLanes(Generic[R]):
                 return None
         try:
             results = await self._transaction(conn, jobs)
-        except _Abandoned as abandoned:
+        except Abandoned as abandoned:
             await conn.abandon()
             abandoned.job.resolve(Verdict.ROLLED_BACK, abandoned.outcome)
             rest = [job for job in jobs if job is not abandoned.job]
@@ -318,12 +192,56 @@ class DedupeLanes(Generic[R]):
             job.resolve(verdict, outcome)
         return conn
 
-    async def _one_by_one(self, conn: _Conn | None, jobs: list[_Job[R]]) -> _Conn | None:
+    async def _claims(
+        self, conn: LaneConnection | None, claims: list[Claim]
+    ) -> LaneConnection | None:
+        batch = Batch()
+        try:
+            if conn is None:
+                conn = await self._open()
+            await conn.execute(self._begin)
+            ids = sorted({claim.message_id for claim in claims})
+            sql, params = insert_many(self._dialect, ids, self.options.queue)
+            new = {row[0] for row in await conn.fetch(sql, params)}
+        except Exception as exc:
+            error = map_db_error(exc, self._dsn) or exc
+            log.warning("dedupe store failed: %s", _first_line(error))
+            for claim in claims:
+                if not claim.future.done():
+                    claim.future.set_exception(error)
+            if conn is None:
+                await asyncio.sleep(_REOPEN_PAUSE_S)
+                return None
+            return await self._reset(conn)
+        for claim in claims:
+            fresh = claim.message_id in new
+            new.discard(claim.message_id)  # a second copy in the same batch is a duplicate
+            if claim.future.done():  # its delivery was cancelled (shutdown): not handled
+                if fresh:
+                    batch.failed.append(claim.message_id)
+                continue
+            batch.pending += int(fresh)
+            claim.future.set_result((batch, fresh))
+        try:
+            await batch.all_reported()
+            for message_id in batch.failed:
+                await conn.execute(forget_sql(self._dialect), (message_id,))
+            await conn.execute("COMMIT")
+        except Exception as exc:
+            batch.end(map_db_error(exc, self._dsn) or exc)
+            return await self._reset(conn)
+        self.transactions += 1
+        batch.end()
+        return conn
+
+    async def _one_by_one(
+        self, conn: LaneConnection | None, jobs: list[Job[R]]
+    ) -> LaneConnection | None:
         for job in jobs:
             conn = await self._process(conn, [job], fallback=False)
         return conn
 
-    async def _reset(self, conn: _Conn) -> _Conn | None:
+    async def _reset(self, conn: LaneConnection) -> LaneConnection | None:
         try:
             await conn.execute("ROLLBACK")
         except Exception:
@@ -332,7 +250,7 @@ class DedupeLanes(Generic[R]):
         return conn
 
     async def _transaction(
-        self, conn: _Conn, jobs: list[_Job[R]]
+        self, conn: LaneConnection, jobs: list[Job[R]]
     ) -> list[tuple[Verdict, R | None]]:
         dialect, queue = self._dialect, self.options.queue
         await conn.execute(self._begin)
@@ -371,16 +289,19 @@ class DedupeLanes(Generic[R]):
                 "or its own COMMIT/ROLLBACK): nothing of it is committed"
             )
         await conn.execute("COMMIT")
+        self.transactions += 1
         return results
 
-    async def _settle(self, conn: _Conn, job: _Job[R], outcome: R) -> tuple[Verdict, R | None]:
+    async def _settle(
+        self, conn: LaneConnection, job: Job[R], outcome: R
+    ) -> tuple[Verdict, R | None]:
         if self._judge(outcome) is HandlerEnd.OK:
             return Verdict.APPLIED, outcome
         await conn.execute(forget_sql(self._dialect), (job.message_id,))
         return Verdict.ROLLED_BACK, outcome
 
     async def _in_savepoint(
-        self, conn: _Conn, job: _Job[R], previous_open: bool
+        self, conn: LaneConnection, job: Job[R], previous_open: bool
     ) -> tuple[Verdict, R | None]:
         if not previous_open:
             await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
@@ -400,7 +321,7 @@ class DedupeLanes(Generic[R]):
         if end is HandlerEnd.OK:
             return Verdict.APPLIED, outcome
         if end is HandlerEnd.ABANDONED and self.options.pass_transaction:
-            raise _Abandoned(job, outcome)
+            raise Abandoned(job, outcome)
         # Back to the start of this message: its writes and the guard's version are undone;
         # the id was recorded before the savepoint, so it is deleted explicitly.
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
