@@ -1,4 +1,5 @@
-"""Durations as topology files and flags spell them: ``500ms``, ``5s``, ``2m``, ``1h``."""
+"""Durations as topology files and flags spell them (``500ms``, ``5s``, ``2m``, ``1h``), and
+ages as rmqkit shows them (``age_text``: ``2.5h``, ``1.0d``)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,13 @@ def format_duration_ms(ms: int) -> str:
         if ms % size == 0:
             return f"{ms // size}{unit}"
     return f"{ms}ms"
+
+
+def age_text(seconds: float | None) -> str:
+    """An age as rmqkit shows it: ``2.5h``, ``1.0d``, ``42s``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"

@@ -13,7 +13,8 @@ one place (``rmqkit.broker.amqp.raw_connection``).
         outcome = await (await channel.publisher.publish(body, exchange="", routing_key="q",
                                                           properties=props))
 
-Probes (``queue_depth``, ``queue_exists``, ``require_queue``, ``require_exchange``) share one
+Probes (``queue_depth``, ``queue_exists``, ``exchange_exists``, ``require_queue``,
+``require_exchange``) share one
 channel per session, opened on first use and reopened after a probe of a missing object (the
 broker closes a channel on a 404). One channel rather than one per probe: opening a channel
 right after closing one was seen to get the closed one's Close-Ok (aiormq reuses the number).
@@ -48,13 +49,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, nullcontext
 
 import aiormq.abc
+import aiormq.exceptions
 from aio_pika.abc import AbstractConnection
 
 from rmqkit.broker.amqp import connect, parse_version, raw_connection
 from rmqkit.broker.channel import CONNECTION_ERRORS, Channel, Delivery, OnDelivery, QueueDepth
 from rmqkit.broker.codec import typed_decoding
 from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
-from rmqkit.errors import RmqkitError
+from rmqkit.errors import DataError, RmqkitError
 from rmqkit.settings import Settings, mask_url
 
 DEFAULT_WINDOW = 1000  # unconfirmed publishes in flight per publisher
@@ -134,6 +136,16 @@ class Session:
     async def require_exchange(self, exchange: str) -> None:
         """DataError (65) unless ``exchange`` exists (the default exchange always does)."""
         await (await self._probe_channel()).require_exchange(exchange)
+
+    async def exchange_exists(self, exchange: str) -> bool:
+        """Whether ``exchange`` exists (the default exchange always does)."""
+        try:
+            await self.require_exchange(exchange)
+        except DataError as exc:
+            if isinstance(exc.__cause__, aiormq.exceptions.ChannelNotFoundEntity):
+                return False
+            raise
+        return True
 
 
 async def open_session(

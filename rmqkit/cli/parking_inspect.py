@@ -13,7 +13,8 @@ from rich.table import Table
 from rmqkit.broker.codec import PROPERTIES
 from rmqkit.cli.common import run_async, seconds_option, settings_from
 from rmqkit.cli.parking_options import REDACT_OPT, Selection, filtered, progress_bar, warn_browse
-from rmqkit.cli.render import age_text, stdout
+from rmqkit.cli.render import stdout
+from rmqkit.durations import age_text
 from rmqkit.errors import DataError
 from rmqkit.fileout import OutputError
 from rmqkit.parking.model import ParkedMessage, json_safe, redact_body, redact_value

@@ -8,7 +8,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rmqkit.parking.thresholds import age_text as age_text  # one spelling of ages
 from rmqkit.topology.plan import Plan
 
 stdout = Console(soft_wrap=True)

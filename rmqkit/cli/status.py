@@ -14,7 +14,8 @@ from rich.table import Table
 
 from rmqkit.broker.management import management
 from rmqkit.cli.common import run_async, seconds, settings_from, topology_option
-from rmqkit.cli.render import age_text, print_json, stdout
+from rmqkit.cli.render import print_json, stdout
+from rmqkit.durations import age_text
 from rmqkit.health.status import QueueStatus, StatusReport, read_status, read_status_once
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology, load_topology

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from rmqkit.broker.amqp import connection
 from rmqkit.broker.management import management
+from rmqkit.broker.session import session
 from rmqkit.broker.snapshot import Snapshot, read_snapshot
 from rmqkit.consumer.config import DEFAULT_HANDLER_TIMEOUT_S
+from rmqkit.errors import DataError
 from rmqkit.health.checks import CHECKS, DEDUPE_CHECK
 from rmqkit.health.dedupe import read_dedupe_window
 from rmqkit.health.findings import (
@@ -173,21 +174,15 @@ async def sample_ready(
     without idle messages costs no wait."""
     if not names:
         return {}
-    async with connection(settings, name="rmqkit doctor") as conn:
-        channel = await conn.channel()
+    async with session(settings, name="rmqkit doctor") as probes:
 
         async def read(queues: list[str]) -> dict[str, int]:
-            nonlocal channel
             out: dict[str, int] = {}
             for name in queues:
                 try:
-                    declared = await channel.declare_queue(name, passive=True)
-                except Exception:  # 404 closes the channel: the queue went away
-                    channel = await conn.channel()
+                    out[name] = (await probes.queue_depth(name)).ready
+                except DataError:  # the queue went away (the session reopens its probe channel)
                     continue
-                found = declared.declaration_result.message_count
-                if found is not None:
-                    out[name] = int(found)
             return out
 
         before = {name: n for name, n in (await read(names)).items() if n > 0}

@@ -10,23 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rmqkit.durations import format_duration_ms
+from rmqkit.durations import age_text, format_duration_ms
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import ParkingStats, parking_stats
 from rmqkit.settings import Settings
 
 WARNING_FRACTION = 0.8  # a warning above 80 % of a limit, before it is reached
 LABELS = ("OK", "WARNING", "CRITICAL")
-
-
-def age_text(seconds: float | None) -> str:
-    """An age as rmqkit shows it: ``2.5h``, ``1.0d``, ``42s``; ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
 
 
 @dataclass(frozen=True)
@@ -120,7 +110,6 @@ __all__ = [
     "ParkingCheck",
     "StatsLimits",
     "StatsVerdict",
-    "age_text",
     "check_parking",
     "judge",
 ]

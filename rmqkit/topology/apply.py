@@ -8,6 +8,7 @@ from aio_pika.abc import AbstractConnection
 
 from rmqkit.broker.amqp import amqp_errors_mapped, connection, server_version
 from rmqkit.broker.management import ManagementClient, management
+from rmqkit.broker.session import Session
 from rmqkit.errors import BrokerUnavailable, TopologyConflict
 from rmqkit.settings import Settings
 from rmqkit.topology.expand import DesiredState, Via, expand
@@ -91,9 +92,10 @@ async def _blind_plan(
 ) -> Plan:
     """A plan from passive declares only (existence, not settings)."""
     desired = expand(topology, via="arguments", broker_version=version)
+    probes = Session.of(conn)  # passive declares on the session's probe channel
     changes: list[Change] = []
     for exchange in desired.exchanges:
-        exists = await _exists(conn, "exchange", exchange.name)
+        exists = await probes.exchange_exists(exchange.name)
         changes.append(
             Change(
                 "exchange",
@@ -103,7 +105,7 @@ async def _blind_plan(
             )
         )
     for queue in desired.queues:
-        exists = await _exists(conn, "queue", queue.name)
+        exists = await probes.queue_exists(queue.name)
         changes.append(
             Change(
                 "queue",
@@ -115,20 +117,6 @@ async def _blind_plan(
     for binding in desired.bindings:
         changes.append(Change("binding", binding.label, "change", "bound (idempotent)"))
     return Plan(source=topology.source, vhost="", desired=desired, changes=changes)
-
-
-async def _exists(conn: AbstractConnection, kind: str, name: str) -> bool:
-    channel = await conn.channel()
-    underlay = await channel.get_underlay_channel()
-    try:
-        if kind == "queue":
-            await underlay.queue_declare(queue=name, passive=True)
-        else:
-            await underlay.exchange_declare(exchange=name, passive=True)
-    except Exception:  # 404 closes the channel; that is the answer "absent"
-        return False
-    await channel.close()
-    return True
 
 
 async def _apply(conn: AbstractConnection, api: ManagementClient | None, plan: Plan) -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from rmqkit.durations import age_text
 from rmqkit.parking.ops import ParkingStats
-from rmqkit.parking.thresholds import StatsLimits, age_text, judge
+from rmqkit.parking.thresholds import StatsLimits, judge
 
 
 def stats(
