@@ -46,6 +46,12 @@ def relay_cmd(
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", help="Serve Prometheus metrics on this port."
     ),
+    lease: str = typer.Option(
+        "30s",
+        "--lease",
+        help="SQLite: how long the relay lease outlives a relay that died (kill -9) before "
+        "another relay may take over.",
+    ),
     notify: bool = typer.Option(
         True,
         "--notify/--no-notify",
@@ -66,6 +72,7 @@ def relay_cmd(
         once=once,
         retention_s=retention_s,
         metrics_port=metrics_port,
+        lease_s=seconds(lease, "--lease"),
         listen=notify,
     )
     report = run_async(run_relay(settings_from(ctx), options))

@@ -4,7 +4,16 @@ Publishing goes through rmqkit's ``ConfirmedPublisher`` (``mandatory``, confirms
 window; returns matched exactly) on a channel of ``rmqkit.broker.session``. A row to an
 exchange that does not exist is never published: the broker would close the channel (404) and
 fail every other publish in flight on it. Exchanges are checked with a passive declare on the
-session's probe channel and the answer kept for a few seconds.
+session's probe channel and the answer kept for a few seconds. Neither is a row the AMQP wire
+cannot carry (a 256-byte routing key, a header integer beyond 64 bits): it fails alone, before
+it has a confirm number, and the rest of its batch goes out.
+
+Order under failure (``publish_in_order``): a batch goes out in waves, the n-th wave holding the
+n-th row of each aggregate in the batch (and, in the first, every row without one); a wave's
+confirms are awaited before the next is sent. So at most one row per aggregate is unconfirmed
+at any time, and once a row fails, the later rows of its aggregate are not sent at all: they
+stay pending, untouched, behind it. Rows without an aggregate and the heads of different
+aggregates still share one round trip.
 """
 
 from __future__ import annotations
@@ -20,10 +29,14 @@ from typing import Any, Final
 from rmqkit.broker.codec.properties import TypedProperties
 from rmqkit.broker.session import CONNECTION_ERRORS, Channel, Outcome, Session, open_session
 from rmqkit.errors import BrokerUnavailable, DataError
+from rmqkit.outbox.write import headers_problem, wire_problem
 from rmqkit.settings import Settings
 
 EXCHANGE_CACHE_S: Final = 5.0
 PERSISTENT: Final = 2
+# A connection closed by the broker (management API, close_all_connections) can still look open
+# for a moment: aiormq then raises RuntimeError("... closed") for a new channel.
+LOST: Final[tuple[type[BaseException], ...]] = (RuntimeError, *CONNECTION_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,11 @@ class Row:
         """A row from the claim query's columns (``queries.ROW_COLUMNS``)."""
         i, mid, exchange, key, body, headers, ctype, aggregate, attempts = values
         return cls(int(i), mid, exchange, key, bytes(body), headers, ctype, aggregate, attempts)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the AMQP wire cannot carry this row (it was not written by ``add``); or None."""
+        return wire_problem(self.exchange, self.routing_key, self.message_id, self.content_type)
 
 
 class Broker:
@@ -88,8 +106,49 @@ class Broker:
             exists = True
         except DataError:
             exists = False
+        except LOST as exc:
+            raise BrokerUnavailable(f"the broker connection was lost: {exc}") from exc
         self._exchanges[exchange] = (exists, time.monotonic())
         return exists
+
+    async def publish_in_order(self, rows: Sequence[Row]) -> list[Outcome | str | None]:
+        """Publish ``rows`` in waves (module docstring): each one's Outcome, the error that
+        failed it, or None for a row not sent because an earlier row of its aggregate failed
+        in this batch (or the connection was lost before its wave)."""
+        results: list[Outcome | str | None] = [None] * len(rows)
+        waves: list[list[int]] = []
+        depth: dict[str, int] = {}
+        for i, row in enumerate(rows):
+            n = 0
+            if row.aggregate is not None:
+                n = depth.get(row.aggregate, 0)
+                depth[row.aggregate] = n + 1
+            if n == len(waves):
+                waves.append([])
+            waves[n].append(i)
+        failed: set[str | None] = set()
+        for wave in waves:
+            if self.lost:
+                break
+            go: list[int] = []
+            for i in [i for i in wave if rows[i].aggregate not in failed]:
+                row = rows[i]
+                problem = row.problem
+                if problem is None and not await self.exchange_exists(row.exchange):
+                    problem = f"exchange {row.exchange!r} does not exist"
+                if problem is None:
+                    go.append(i)
+                else:
+                    results[i] = problem
+            for i, outcome in zip(go, await self.publish([rows[i] for i in go]), strict=True):
+                results[i] = outcome
+            failed.update(
+                rows[i].aggregate
+                for i in wave
+                if results[i] is not None and results[i] is not Outcome.CONFIRMED
+            )
+            failed.discard(None)
+        return results
 
     async def publish(self, rows: Sequence[Row]) -> list[Outcome | str]:
         """Publish ``rows`` in order, pipelined; each one's Outcome, or the error that failed it.
@@ -100,19 +159,27 @@ class Broker:
             if self.lost:
                 raise BrokerUnavailable("the broker connection was lost")
             assert self._session is not None
-            self._channel = await self._session.channel(confirms=True, window=self._window)
+            try:
+                self._channel = await self._session.channel(confirms=True, window=self._window)
+            except LOST as exc:
+                raise BrokerUnavailable(f"the broker connection was lost: {exc}") from exc
         publisher = self._channel.publisher
         settled: list[asyncio.Future[Outcome] | str] = []
         for row in rows:
             try:
+                headers = json.loads(row.headers) if row.headers else None
+                problem = headers_problem(headers)
                 properties = TypedProperties(
                     delivery_mode=PERSISTENT,
                     message_id=row.message_id,
                     content_type=row.content_type,
-                    headers=json.loads(row.headers) if row.headers else None,
+                    headers=headers,
                 )
             except ValueError as exc:
                 settled.append(f"headers are not valid JSON: {exc}")
+                continue
+            if problem is not None:
+                settled.append(f"cannot be encoded as AMQP: {problem}")
                 continue
             try:
                 settled.append(
@@ -125,6 +192,10 @@ class Broker:
                 )
             except CONNECTION_ERRORS as exc:
                 settled.append(f"channel closed before the publish: {exc}")
+            except (TypeError, ValueError, OverflowError) as exc:
+                # The codec refused a value: raised before the publish had a confirm number,
+                # so the channel is intact and only this row fails (never the relay).
+                settled.append(f"cannot be encoded as AMQP: {exc}")
         futures = [f for f in settled if not isinstance(f, str)]
         if futures:
             await asyncio.wait(futures)

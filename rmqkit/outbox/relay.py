@@ -7,7 +7,8 @@ aggregate are never in flight on two relays, is in ``rmqkit.outbox.queries``.
 
 A returned, nacked or otherwise failed row stays pending with ``attempts`` + 1, its
 ``last_error``, and a back-off (1 s doubling to 5 min, jittered) before it is due again; rows of
-its aggregate behind it wait with it. ``--once`` tries each pending row once and reports what is
+its aggregate behind it wait with it, including those of the same batch: they are not sent
+(``Broker.publish_in_order``). ``--once`` tries each pending row once and reports what is
 left. SIGTERM lets the batch in flight finish (published rows are marked) and returns.
 
 Test-only hook, read by nothing else: ``RMQKIT_OUTBOX_TEST_PAUSE_BEFORE_MARK=<seconds>`` makes the
@@ -235,7 +236,7 @@ class Relay:
             if not rows:
                 return 0
             log.debug("claimed %d rows, ids %d..%d", len(rows), rows[0].id, rows[-1].id)
-            outcomes = await self._publish(rows)
+            outcomes = await self.broker.publish_in_order(rows)
             await _test_pause()
             await self._mark(rows, outcomes)
         log.debug("committed the marks of ids %d..%d", rows[0].id, rows[-1].id)
@@ -244,25 +245,13 @@ class Relay:
             raise BrokerUnavailable("the broker connection was lost during a batch")
         return len(rows)
 
-    async def _publish(self, rows: Sequence[Row]) -> list[Outcome | str]:
-        results: list[Outcome | str] = [""] * len(rows)
-        sendable: list[int] = []
-        for i, row in enumerate(rows):
-            if await self.broker.exchange_exists(row.exchange):
-                sendable.append(i)
-            else:
-                results[i] = f"exchange {row.exchange!r} does not exist"
-        outcomes = await self.broker.publish([rows[i] for i in sendable])
-        for i, outcome in zip(sendable, outcomes, strict=True):
-            results[i] = outcome
-        return results
-
-    async def _mark(self, rows: Sequence[Row], outcomes: Sequence[Outcome | str]) -> None:
+    async def _mark(self, rows: Sequence[Row], outcomes: Sequence[Outcome | str | None]) -> None:
+        """Confirmed rows published; failed rows back off; rows not sent (None) untouched."""
         assert self._conn is not None
         done = [row.id for row, o in zip(rows, outcomes, strict=True) if o is Outcome.CONFIRMED]
         failed: list[tuple[str, float, int]] = []
         for row, outcome in zip(rows, outcomes, strict=True):
-            if outcome is Outcome.CONFIRMED:
+            if outcome is Outcome.CONFIRMED or outcome is None:
                 continue
             error = _describe(row, outcome)
             self._count_failure(outcome)
