@@ -18,11 +18,13 @@ versions, and the 40 parked messages never delivered (nothing touched).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import os
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -51,19 +53,26 @@ def _client_only_requirements() -> list[str]:
 
 
 def _forced_python() -> Path:
-    """The venv with aiormq 7.2.0 forced in, built on first use and reused while unchanged."""
+    """The venv with aiormq 7.2.0 forced in, built on first use and reused while unchanged.
+
+    Under a lock: CI runs this module in two pytest runs at once (3.10 and 4.3 lanes, and
+    scripts/test-lowest), and a second `venv --clear` would empty the venv under the first."""
     names = _client_only_requirements()
     want = hashlib.sha256(FORCED.read_bytes() + " ".join(names).encode()).hexdigest()
     python = VENV / "bin" / "python"
     stamp = VENV / "rmqkit-forced.sha256"
-    if not (python.exists() and stamp.exists() and stamp.read_text().strip() == want):
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "-c", str(FORCED), *names],
-            check=True,
-            timeout=600,
-        )
-        stamp.write_text(want + "\n")
+    # Outside the venv (which --clear empties) and the checkout (nothing left behind in git).
+    key = hashlib.sha256(str(VENV.resolve()).encode()).hexdigest()[:12]
+    with (Path(tempfile.gettempdir()) / f"rmqkit-forced-venv-{key}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (python.exists() and stamp.exists() and stamp.read_text().strip() == want):
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "--quiet", "-c", str(FORCED), *names],
+                check=True,
+                timeout=600,
+            )
+            stamp.write_text(want + "\n")
     return python
 
 
