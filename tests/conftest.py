@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rmqkit.topology import declare_topology, load_topology
 from tests import broker
 from tests.consumer_harness import JOBS, ConsumerProcess
 
@@ -42,10 +43,12 @@ def orders_file() -> Path:
 
 @pytest.fixture
 def jobs_vhost(fresh_vhost: Callable[[], str]) -> str:
-    """A fresh vhost with tests/topologies/jobs.toml declared (the consumer tests' topology)."""
+    """A fresh vhost with tests/topologies/jobs.toml declared (the consumer tests' topology).
+
+    Declared in-process, the library call `rmqkit declare` makes (test_declare.py runs the
+    command itself): a CLI start costs 1-2 s, and some 60 tests across the CI runs use this."""
     vhost = fresh_vhost()
-    result = broker.cli("declare", JOBS, vhost=vhost)
-    assert result.returncode == 0, result.stderr
+    broker.run(declare_topology(broker.settings_for(vhost), load_topology(JOBS)))
     return vhost
 
 
