@@ -6,18 +6,28 @@ from __future__ import annotations
 import json
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import typer
 from rich.table import Table
 
 from rmqkit.broker.codec import PROPERTIES
 from rmqkit.cli.common import run_async, seconds_option, settings_from
-from rmqkit.cli.parking_options import REDACT_OPT, Selection, filtered, progress_bar, warn_browse
+from rmqkit.cli.parking_options import (
+    REDACT_OPT,
+    TOPOLOGY_OPT,
+    Selection,
+    explain_no_match,
+    filtered,
+    progress_bar,
+    sensitive_for,
+    warn_browse,
+)
 from rmqkit.cli.render import stdout
 from rmqkit.durations import age_text
 from rmqkit.errors import DataError
 from rmqkit.fileout import OutputError
-from rmqkit.parking.model import ParkedMessage, json_safe, redact_body, redact_value
+from rmqkit.parking.model import ParkedMessage, json_safe, redact_body
 from rmqkit.parking.ops import find_parked, list_parked
 from rmqkit.parking.thresholds import ParkingCheck, StatsLimits, check_parking
 
@@ -35,8 +45,11 @@ def list_cmd(
     keys = sel.sensitive | {k.lower() for k in redact}
     now = datetime.now(UTC)  # ages as of the start of the browse
     rows: list[ParkedMessage] = []
+    emitted = 0
 
     def emit(message: ParkedMessage) -> None:
+        nonlocal emitted
+        emitted += 1
         if as_json:
             _write(json.dumps(message.summary(redact=keys), default=str) + "\n")
         else:
@@ -48,13 +61,14 @@ def list_cmd(
             list_parked(settings, sel.queue, sel.flt, emit, limit=limit, progress=update)
         )
     warn_browse(sel.queue, stats)
+    explain_no_match(sel, emitted)
     if as_json:
         _write(None)
     elif not stdout.is_terminal:  # piped: one tab-separated line per message, never wrapped
-        _print_lines(rows, now)
+        _print_lines(rows, now, keys)
     else:
         title = f"{sel.queue}: {len(rows)} of {stats.queue_count} message(s)"
-        stdout.print(_list_table(title, rows, now))
+        stdout.print(_list_table(title, rows, now, keys))
 
 
 def _write(text: str | None) -> None:
@@ -68,10 +82,10 @@ def _write(text: str | None) -> None:
         raise OutputError(f"writing the listing failed: {exc.strerror or exc}") from None
 
 
-def _print_lines(rows: list[ParkedMessage], now: datetime) -> None:
+def _print_lines(rows: list[ParkedMessage], now: datetime, keys: frozenset[str]) -> None:
     print("message_id\treason\terror_type\terror_message\tattempts\torigin\tage\tsize")
     for m in rows:
-        text = (m.error_message or "").replace("\t", " ").replace("\n", " ")
+        text = (m.redacted_error(keys) or "").replace("\t", " ").replace("\n", " ")
         fields = (
             m.message_id or "-",
             m.reason or "-",
@@ -85,12 +99,14 @@ def _print_lines(rows: list[ParkedMessage], now: datetime) -> None:
         print("\t".join(fields))
 
 
-def _list_table(title: str, rows: list[ParkedMessage], now: datetime) -> Table:
+def _list_table(
+    title: str, rows: list[ParkedMessage], now: datetime, keys: frozenset[str]
+) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("message_id", "reason", "error", "attempts", "origin", "age", "size"):
         table.add_column(column, overflow="fold")
     for m in rows:
-        error = f"{m.error_type or '-'}: {m.error_message or ''}".strip(": ")
+        error = f"{m.error_type or '-'}: {m.redacted_error(keys) or ''}".strip(": ")
         table.add_row(
             m.message_id or "-",
             m.reason or "-",
@@ -108,11 +124,13 @@ def show_cmd(
     queue: str = typer.Argument(..., help="Parking queue."),
     message_id: str = typer.Argument(..., help="message_id of the parked message."),
     redact: list[str] = REDACT_OPT,
+    topology: Path | None = TOPOLOGY_OPT,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Print one parked message whole: properties, headers, body (non-destructive)."""
+    """Print one parked message whole: properties, headers, body (non-destructive). With
+    --topology, the fields it marks sensitive for the queue's work queue are masked too."""
     settings = settings_from(ctx)
-    keys = frozenset(k.lower() for k in redact)
+    keys = frozenset(k.lower() for k in redact) | sensitive_for(topology, queue)
     message = run_async(find_parked(settings, queue, message_id))
     if message is None:
         raise DataError(f"no message with message_id {message_id!r} in {queue!r}")
@@ -127,7 +145,7 @@ def show_cmd(
         "properties": properties,
         "body": redact_body(message.body, keys),
     }
-    document["headers"] = redact_value(json_safe(message.headers), keys)
+    document["headers"] = message.redacted_headers(keys)
     print(json.dumps(document, indent=2, default=str, ensure_ascii=False))
 
 
@@ -151,6 +169,7 @@ def stats_cmd(
     limits = StatsLimits(max_count, seconds_option(max_age, "--max-age"), max_age)
     check = run_async(check_parking(settings, sel.queue, sel.flt, limits))
     verdict = check.verdict
+    explain_no_match(sel, check.stats.matched)
     if as_json:
         document = {**check.stats.as_dict(), "status": verdict.status, "why": list(verdict.why)}
         print(json.dumps(document, indent=2))

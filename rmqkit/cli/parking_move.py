@@ -6,18 +6,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
 from rmqkit.cli.common import run_async, settings_from
-from rmqkit.cli.parking_options import Selection, filtered, progress_bar, read_ids
+from rmqkit.cli.parking_options import (
+    Selection,
+    explain_no_match,
+    filtered,
+    progress_bar,
+    read_ids,
+)
 from rmqkit.cli.render import stderr
-from rmqkit.errors import ExitCode, PartialSuccess, UsageError
+from rmqkit.errors import ExitCode, Interrupted, PartialSuccess, UsageError
 from rmqkit.fileout import SafeOutput, check_output, output_mode
 from rmqkit.parking.journal import ImportJournal
 from rmqkit.parking.ops import purge_parked
-from rmqkit.parking.replay import replay_parked
+from rmqkit.parking.replay import ReplayReport, replay_parked
 from rmqkit.parking.transfer import export_parked, import_records, read_export
 
 
@@ -46,8 +54,9 @@ def replay_cmd(
     Exit 3 if some could not be replayed (they stay parked). Safe to interrupt and rerun."""
     settings = settings_from(ctx)
     progress, update = progress_bar("replaying")
-    with progress:
-        report = run_async(
+    report = ReplayReport()
+    with progress, _interrupted_replay(report, sel.queue, dry_run):
+        run_async(
             replay_parked(
                 settings,
                 sel.queue,
@@ -58,8 +67,10 @@ def replay_cmd(
                 rate=rate,
                 limit=limit,
                 progress=update,
+                report=report,
             )
         )
+    explain_no_match(sel, report.selected)
     if dry_run:
         for message_id, exchange, key in report.plan:
             print(
@@ -81,6 +92,23 @@ def replay_cmd(
             f"{report.selected - report.replayed} of {report.selected} message(s) could not be "
             "replayed and stay parked — see the problems above"
         )
+
+
+@contextmanager
+def _interrupted_replay(report: ReplayReport, queue: str, dry_run: bool) -> Iterator[None]:
+    """Ctrl-C during a replay: say what was done and what is left, not only "interrupted"."""
+    try:
+        yield
+    except Interrupted:
+        if dry_run:
+            raise
+        unseen = max(report.queue_total - report.seen, 0)
+        raise Interrupted(
+            f"interrupted: replayed {report.replayed} (confirmed) of {report.selected} selected "
+            f"so far; {report.selected - report.replayed} selected not confirmed and "
+            f"{unseen} of the {report.queue_total} message(s) in {queue!r} not looked at stay "
+            "parked — run the same command again to replay what is left"
+        ) from None
 
 
 def _print_problems(problems: dict[str, int]) -> None:
@@ -109,6 +137,7 @@ def purge_cmd(
         flt = dataclasses.replace(flt, ids=flt.ids | read_ids(ids_from))
     if dry_run or not yes:
         counted = run_async(purge_parked(settings, name, flt, dry_run=True, limit=limit))
+        explain_no_match(sel, counted.count)
         if dry_run:
             print(f"would purge {counted.count} message(s) from {name}")
             return
@@ -127,6 +156,7 @@ def purge_cmd(
         )
         return
     purged = run_async(purge_parked(settings, name, flt, limit=limit))
+    explain_no_match(sel, purged.count)
     print(f"purged {purged.count} message(s) from {name}")
 
 
@@ -162,6 +192,7 @@ def export_cmd(
             report = run_async(
                 export_parked(settings, name, flt, sink, remove=remove, progress=update)
             )
+    explain_no_match(sel, report.written)
     stderr.print(
         f"exported {report.written} message(s) from {name}"
         + (f" to {output}" if output is not None else "")

@@ -21,13 +21,15 @@ from rmqkit.cli.common import seconds_option
 from rmqkit.cli.render import stderr
 from rmqkit.errors import DataError, UsageError
 from rmqkit.parking.browse import BrowseStats
-from rmqkit.parking.model import ParkedFilter
+from rmqkit.parking.model import KNOWN_REASONS, ParkedFilter
 from rmqkit.topology import load_topology
 
 QUEUE_ARG = typer.Argument(None, help="Parking queue (or use --topology FILE --queue WORK).")
 TOPOLOGY_OPT = typer.Option(None, "--topology", "-t", help="Topology file naming the queue.")
 WORK_OPT = typer.Option(None, "--queue", "-q", help="Work queue whose parking queue to use.")
-REASON_OPT = typer.Option([], "--reason", help="permanent, exhausted, undecodable, … (repeatable)")
+REASON_OPT = typer.Option(
+    [], "--reason", help="permanent, exhausted, undecodable, delivery_limit, … (repeatable)"
+)
 ERROR_OPT = typer.Option(None, "--error-type", help="Error type glob, e.g. 'myapp.*Error'.")
 ORIGIN_OPT = typer.Option(None, "--origin", help="Origin (work) queue.")
 OLDER_OPT = typer.Option(None, "--older-than", help="Last failure older than, e.g. 1h.")
@@ -58,6 +60,18 @@ def parking_queue(
     )
 
 
+def sensitive_for(topology: Path | None, parking: str) -> frozenset[str]:
+    """The sensitive fields ``topology`` declares for the work queue whose parking queue is
+    ``parking`` (none without a file); a file with no such parking queue is a usage error."""
+    if topology is None:
+        return frozenset()
+    spec = load_topology(topology)
+    for work, queue in spec.model.queues.items():
+        if spec.parking_name(work) == parking:
+            return frozenset(f.lower() for f in queue.sensitive_fields)
+    raise UsageError(f"{topology} declares no work queue whose parking queue is {parking!r}")
+
+
 def parked_filter(
     reason: list[str],
     error_type: str | None,
@@ -68,7 +82,14 @@ def parked_filter(
     ids: list[str],
     grep: str | None,
 ) -> ParkedFilter:
-    """The filter the options describe; a bad ``--header`` or age is a usage error (exit 2)."""
+    """The filter the options describe; an unknown ``--reason``, a bad ``--header`` or age is a
+    usage error (exit 2)."""
+    unknown = sorted(set(reason) - KNOWN_REASONS)
+    if unknown:
+        raise UsageError(
+            f"unknown --reason {', '.join(map(repr, unknown))}: use one of "
+            + ", ".join(sorted(KNOWN_REASONS))
+        )
     pairs = []
     for item in header:
         key, sep, value = item.partition("=")
@@ -149,6 +170,19 @@ def filtered(command: Callable[..., None]) -> Callable[..., None]:
     run.__signature__ = inspect.Signature(every)  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in every}
     return run
+
+
+def explain_no_match(sel: Selection, matched: int) -> None:
+    """When filters matched nothing, say on stderr what the messages looked at do carry."""
+    if matched or sel.flt.empty or not sel.flt.looked_at:
+        return
+    reasons = sorted({r for r, _ in sel.flt.looked_at if r is not None})
+    types = sorted({t for _, t in sel.flt.looked_at if t is not None})
+    stderr.print(
+        f"no message in {sel.queue!r} matched the filters; present: reasons "
+        f"{', '.join(reasons) or '(none)'}; error types {', '.join(types) or '(none)'}",
+        highlight=False,
+    )
 
 
 def warn_browse(name: str, stats: BrowseStats) -> None:

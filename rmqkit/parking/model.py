@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +15,9 @@ from rmqkit.broker.codec import Properties
 from rmqkit.consumer.attempts import DeathReason, read_death_history
 
 REDACTED = "***"
+
+# Every reason a parked message can carry: rmqkit's park reasons and the broker's x-death ones.
+KNOWN_REASONS: frozenset[str] = frozenset(h.ParkingReason) | frozenset(DeathReason)
 
 # The broker's dead-letter headers; a parked message without any of them was parked by rmqkit.
 _BROKER_DEATH_HEADERS = frozenset({"x-death", "x-last-death-reason", "x-first-death-reason"})
@@ -161,12 +166,67 @@ class ParkedMessage:
             "attempts": self.attempts,
             "origin_queue": self.origin_queue,
             "error_type": self.error_type,
-            "error_message": self.error_message,
+            "error_message": self.redacted_error(redact),
             "first_failed_at": _iso(self.first_failed_at),
             "last_failed_at": _iso(self.last_failed_at),
             "size": self.size,
-            "headers": redact_value(json_safe(self.headers), redact),
+            "headers": self.redacted_headers(redact),
         }
+
+    def sensitive_values(self, keys: frozenset[str]) -> frozenset[str]:
+        """The values the ``keys`` fields hold in this message's body and headers: free text
+        (the error message, the traceback) that quotes one of them must not show it."""
+        if not keys:
+            return frozenset()
+        found: set[str] = set()
+        with contextlib.suppress(ValueError, UnicodeDecodeError):  # not JSON: no fields
+            _collect(json.loads(self.body), keys, found)
+        _collect(json_safe(self.headers), keys, found)
+        return frozenset(found)
+
+    def redacted_error(self, keys: frozenset[str]) -> str | None:
+        """The error message with the ``keys`` fields' values masked."""
+        if self.error_message is None or not keys:
+            return self.error_message
+        return redact_text(self.error_message, keys, self.sensitive_values(keys))
+
+    def redacted_headers(self, keys: frozenset[str]) -> Any:
+        """The headers made JSON-safe, ``keys`` masked, also inside the error message and the
+        traceback rmqkit stored (they quote what the handler saw)."""
+        shown = redact_value(json_safe(self.headers), keys)
+        if keys:
+            values = self.sensitive_values(keys)
+            for name in (h.ERROR_MESSAGE, h.TRACEBACK):
+                if isinstance(shown.get(name), str):
+                    shown[name] = redact_text(shown[name], keys, values)
+        return shown
+
+
+def _collect(value: Any, keys: frozenset[str], found: set[str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if str(k).lower() in keys and v is not None and not isinstance(v, dict | list):
+                found.add(str(v))
+            _collect(v, keys, found)
+    elif isinstance(value, list):
+        for v in value:
+            _collect(v, keys, found)
+
+
+def redact_text(text: str, keys: frozenset[str], values: frozenset[str] = frozenset()) -> str:
+    """``text`` with ``key=value`` / ``'key': 'value'`` spellings of the ``keys`` masked, and
+    every occurrence of ``values`` (what those fields hold in the message) masked too."""
+    for value in sorted(values, key=len, reverse=True):
+        if len(value) >= 3:  # shorter values ("1", "no") would mask half the text
+            text = text.replace(value, REDACTED)
+    if keys:
+        names = "|".join(re.escape(k) for k in sorted(keys, key=len, reverse=True))
+        prefix = rf"""(?i)(["']?\b(?:{names})\b["']?\s*[:=]\s*)"""
+        quoted = re.compile(prefix + r"""(["'])(.*?)\2""")
+        text = quoted.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}{m.group(2)}", text)
+        bare = re.compile(prefix + r"""(?!\*\*\*)([^"'\s,;})\]][^\s,;})\]]*)""")
+        text = bare.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    return text
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -222,9 +282,22 @@ def redact_body(body: bytes, keys: frozenset[str]) -> Any:
     return redact_value(data, keys)
 
 
+def error_type_matches(pattern: str, error_type: str | None) -> bool:
+    """Whether a stored error type matches an ``--error-type`` glob. A pattern without a dot
+    also matches the class name alone (``MailboxFull`` finds ``shipping.errors.MailboxFull``):
+    handlers' errors are stored by their full path, operators name them as they read them."""
+    stored = error_type or ""
+    if fnmatch.fnmatchcase(stored, pattern):
+        return True
+    return "." not in pattern and fnmatch.fnmatchcase(stored.rsplit(".", 1)[-1], pattern)
+
+
 @dataclass(frozen=True)
 class ParkedFilter:
-    """The filters of list, stats, replay, purge and export; all given ones must match."""
+    """The filters of list, stats, replay, purge and export; all given ones must match.
+
+    ``looked_at`` gathers the reason and error type of every message ``matches`` was asked
+    about, so a filter that matched nothing can say what the queue does hold."""
 
     reasons: frozenset[str] = frozenset()
     error_type: str | None = None  # glob
@@ -234,20 +307,24 @@ class ParkedFilter:
     headers: tuple[tuple[str, str], ...] = ()
     ids: frozenset[str] = frozenset()
     grep: bytes | None = None
+    looked_at: set[tuple[str | None, str | None]] = field(
+        default_factory=set, compare=False, repr=False
+    )
 
     @property
     def empty(self) -> bool:
         return self == ParkedFilter()
 
     def matches(self, message: ParkedMessage, now: datetime) -> bool:
+        self.looked_at.add((message.reason, message.error_type))
         if self.reasons and message.reason not in self.reasons:
             return False
         if self.ids and message.message_id not in self.ids:
             return False
         if self.origin is not None and message.origin_queue != self.origin:
             return False
-        if self.error_type is not None and not fnmatch.fnmatchcase(
-            message.error_type or "", self.error_type
+        if self.error_type is not None and not error_type_matches(
+            self.error_type, message.error_type
         ):
             return False
         if self.older_than_s is not None or self.newer_than_s is not None:

@@ -30,6 +30,8 @@ class ReplayReport:
     skipped: int = 0  # no target known (see replay_target); it stays parked
     plan: list[tuple[str | None, str, str]] = field(default_factory=list)  # dry run targets
     problems: Counter[str] = field(default_factory=Counter)
+    queue_total: int = 0  # messages ready in the parking queue when the replay started
+    seen: int = 0  # of those, how many the replay has looked at
 
     @property
     def partial(self) -> bool:
@@ -105,21 +107,24 @@ async def replay_parked(
     rate: float | None = None,
     limit: int | None = None,
     progress: Progress | None = None,
+    report: ReplayReport | None = None,
 ) -> ReplayReport:
     """Send matching parked messages back where they failed, each acked after its confirm.
 
     A crash at any moment leaves each message parked, in its target, or (within the confirm
     window) in both: never in neither. Running the replay again continues with what is left.
+
+    ``report``: filled in as the replay goes (pass one to read how far an interrupted replay
+    got); a new one if not given.
     """
-    report = ReplayReport()
+    report = ReplayReport() if report is None else report
     now = datetime.now(UTC)
     interval = 1.0 / rate if rate else 0.0
     next_at = time.monotonic()
     async with parking_session(settings, queue) as session:
-        total = await ready_count(session)
+        total = report.queue_total = await ready_count(session)
         channel = await session.amqp.channel(confirms=True, window=PUBLISH_WINDOW)
         publisher = channel.publisher
-        seen = 0
 
         def count(exchange: str, key: str, settled: asyncio.Future[Outcome]) -> None:
             outcome = outcome_of(settled)
@@ -136,10 +141,10 @@ async def replay_parked(
                 report.problems[f"unroutable: exchange {exchange!r} key {key!r}"] += 1
 
         async def visit(message: ParkedMessage) -> Verdict | Settlement:
-            nonlocal seen, next_at
-            seen += 1
+            nonlocal next_at
+            report.seen += 1
             if progress is not None:
-                progress(seen, total)
+                progress(report.seen, total)
             if not flt.matches(message, now):
                 return Verdict.KEEP
             if limit is not None and report.selected >= limit:
