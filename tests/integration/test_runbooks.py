@@ -10,9 +10,11 @@ stays within its CI budget. What is simulated is said per test.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -155,13 +157,34 @@ _TESTED = {
 }
 
 
+@contextlib.contextmanager
+def _trickle(vhost: str) -> Iterator[None]:
+    """Publish an order every 0.2 s to the work queue until the block ends."""
+    stop = threading.Event()
+
+    def publish() -> None:
+        n = 0
+        while not stop.wait(0.2):
+            broker.publish_with_ids(vhost, "orders", "order.created", [(f"late-{n}", b"{}")])
+            n += 1
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
 def test_queue_backing_up(declared: str, runbook: Callable[[str], Runbook]) -> None:
     """30 orders wait and no consumer is attached; the runbook's consumers drain them."""
     ids = [f"order-{i}" for i in range(30)]
     broker.publish_with_ids(declared, "orders", "order.created", [(i, b"{}") for i in ids])
     book = runbook("queue-backing-up.md")
     book.run("look")
-    book.run("doctor")
+    with _trickle(declared):  # producers keep publishing while doctor samples
+        book.run("doctor")
     book.run("start")
     book.run("verify")
     assert book.stop() == [0]  # SIGTERM: graceful stop
@@ -289,7 +312,7 @@ def test_node_loss(declared: str, runbook: Callable[[str], Runbook]) -> None:
     assert _depth(declared, WORK) == 5
     book.run("failover", **placeholders)
     book.run("state", **placeholders)
-    book.run("doctor", **placeholders)
+    book.run("plan", **placeholders)
     bodies = sorted(m["body"] for m in broker.drain(declared, WORK))
     assert bodies == sorted([b"{}"] * 5 + [b'{"id": "canary-failover"}'])
 
