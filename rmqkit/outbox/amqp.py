@@ -75,16 +75,18 @@ class Broker:
         self._session: Session | None = None
         self._channel: Channel | None = None
         self._exchanges: dict[str, tuple[bool, float]] = {}
+        self._broken = False  # a LOST error seen: the session may not know it is closed yet
 
     async def open(self) -> None:
         """Connect (BrokerUnavailable 69 / AccessRefused 77 if it cannot) and open the channel."""
         self._session = await open_session(self._settings, name=self._name)
         self._channel = await self._session.channel(confirms=True, window=self._window)
+        self._broken = False
 
     @property
     def lost(self) -> bool:
         """Whether the connection is gone (the relay reconnects, or ``--once`` exits 69)."""
-        return self._session is None or self._session.is_closed
+        return self._broken or self._session is None or self._session.is_closed
 
     async def close(self) -> None:
         """Close channel and connection; never raises."""
@@ -107,6 +109,7 @@ class Broker:
         except DataError:
             exists = False
         except LOST as exc:
+            self._broken = True
             raise BrokerUnavailable(f"the broker connection was lost: {exc}") from exc
         self._exchanges[exchange] = (exists, time.monotonic())
         return exists
@@ -131,16 +134,24 @@ class Broker:
             if self.lost:
                 break
             go: list[int] = []
-            for i in [i for i in wave if rows[i].aggregate not in failed]:
-                row = rows[i]
-                problem = row.problem
-                if problem is None and not await self.exchange_exists(row.exchange):
-                    problem = f"exchange {row.exchange!r} does not exist"
-                if problem is None:
-                    go.append(i)
-                else:
-                    results[i] = problem
-            for i, outcome in zip(go, await self.publish([rows[i] for i in go]), strict=True):
+            try:
+                for i in [i for i in wave if rows[i].aggregate not in failed]:
+                    row = rows[i]
+                    problem = row.problem
+                    if problem is None and not await self.exchange_exists(row.exchange):
+                        problem = f"exchange {row.exchange!r} does not exist"
+                    if problem is None:
+                        go.append(i)
+                    else:
+                        results[i] = problem
+                outcomes = await self.publish([rows[i] for i in go])
+            except BrokerUnavailable:
+                # Lost before this wave went out: the earlier waves' confirmed rows are still
+                # marked (the relay reconnects after the marks); this wave's rows stay untouched.
+                for i in wave:
+                    results[i] = None
+                break
+            for i, outcome in zip(go, outcomes, strict=True):
                 results[i] = outcome
             failed.update(
                 rows[i].aggregate
@@ -162,6 +173,7 @@ class Broker:
             try:
                 self._channel = await self._session.channel(confirms=True, window=self._window)
             except LOST as exc:
+                self._broken = True
                 raise BrokerUnavailable(f"the broker connection was lost: {exc}") from exc
         publisher = self._channel.publisher
         settled: list[asyncio.Future[Outcome] | str] = []

@@ -1,16 +1,15 @@
 """The outbox attacked as an on-call engineer would: try to lose, duplicate or misroute events.
 
 Real broker, real PostgreSQL, real SQLite file; every test counts what the broker holds by
-message_id and what the table holds. Faults: broker connections closed by the management API
-while a daemon relay works, the relay's PostgreSQL backend terminated between confirm and mark,
-``kill -9`` of a SQLite relay (the next one takes over when the lease expires), rows the AMQP
-wire cannot carry (a 256-byte routing key, an unencodable header), odd but valid rows, a
-failing row in the middle of an aggregate's batch, savepoints and autocommit in ``add``.
+message_id and what the table holds. Here: rows the AMQP wire cannot carry (a 256-byte routing
+key, a unicode exchange name, an unencodable header), odd but valid rows, a returned or nacked
+row in the middle of an aggregate's batch, savepoints and autocommit in ``add``, a daemon relay
+without its table, concurrent ``init``. Connection faults and kill -9: test_outbox_faults.py.
 """
 
 from __future__ import annotations
 
-import collections
+import asyncio
 import json
 import sqlite3
 import subprocess
@@ -21,11 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import psycopg
 import pydantic
 import pytest
 
 import rmqkit.outbox
+from rmqkit.settings import with_vhost
 from tests import broker
 from tests.integration.test_outbox import (
     collect,
@@ -215,126 +216,40 @@ def test_a_returned_row_holds_back_the_rest_of_its_aggregate_in_the_same_batch(
     assert [m["message_id"] for m in collect(vhost, queue)] == a[1:]
 
 
-# --- broker and database faults under a running (daemon) relay -----------------------------------
-def _fill(dsn: str, exchange: str, count: int, aggregates: int = 20, start: int = 0) -> list[str]:
-    with psycopg.connect(dsn) as conn, conn.pipeline(), conn.transaction():
-        return [
+def test_a_nacked_row_holds_back_its_aggregate_and_nothing_is_lost(vhost: str, pg: str) -> None:
+    """A queue with max-length 1 and overflow reject-publish: A0 taken, A1 nacked, A2 not sent;
+    after the queue is drained the next run sends A1 then A2."""
+    exchange, queue = _names()
+
+    async def full_queue() -> None:
+        conn = await aio_pika.connect(with_vhost(broker.BASE_URL, vhost))
+        channel = await conn.channel()
+        ex = await channel.declare_exchange(exchange, "topic", durable=True)
+        arguments = {"x-max-length": 1, "x-overflow": "reject-publish"}
+        q = await channel.declare_queue(queue, durable=True, arguments=arguments)
+        await q.bind(ex, "#")
+        await conn.close()
+
+    asyncio.run(full_queue())
+    with psycopg.connect(pg) as conn, conn.transaction():
+        a = [
             rmqkit.outbox.add(
-                conn,
-                exchange=exchange,
-                routing_key="ev",
-                body=json.dumps({"agg": n % aggregates, "seq": n // aggregates}).encode(),
-                aggregate=f"agg-{n % aggregates}",
+                conn, exchange=exchange, routing_key="k", body=b"%d" % n, aggregate="A"
             )
-            for n in range(start, start + count)
+            for n in range(3)
         ]
-
-
-def _in_order(got: list[dict[str, Any]]) -> None:
-    """Per aggregate, each first copy after the previous one (what an idempotent consumer
-    applies: a re-published duplicate of an earlier row is skipped there)."""
-    last: dict[int, int] = {}
-    seen: set[str] = set()
-    for message in got:
-        if message["message_id"] in seen:
-            continue
-        seen.add(message["message_id"])
-        body = json.loads(message["body"])
-        assert body["seq"] >= last.get(body["agg"], -1), body
-        last[body["agg"]] = body["seq"]
-
-
-def test_broker_connections_closed_while_a_daemon_relay_publishes(vhost: str, pg: str) -> None:
-    """Three rounds: 1,500 rows committed, the relay's connection closed by the management API
-    (mid-batch or while idle, whichever it hits); the relay reconnects by itself each time."""
-    exchange, queue = _names()
-    declare(vhost, exchange, queue)
-    relay = relay_process(pg, vhost, "--batch", "50", "--poll", "100ms")
-    listed, ids, closed = f"/vhosts/{broker.q(vhost)}/connections", [], 0
-    try:
-        for _ in range(3):
-            ids += _fill(pg, exchange, 1500, start=len(ids))
-            _wait(lambda: relay.poll() is not None or broker.api("GET", listed).json(), "none")
-            assert relay.poll() is None, relay.communicate()[1][-3000:]
-            for c in broker.api("GET", listed).json():
-                broker.api("DELETE", f"/connections/{broker.q(c['name'])}")
-                closed += 1
-            code, status = status_json(pg)  # status while the relay works
-            assert code in (0, 1) and status["pending"] >= 0
-        _wait(lambda: all(p for p, _, _ in _rows(pg).values()), "rows left pending", 40)
-        assert relay.poll() is None, relay.communicate()  # it reconnected by itself
-    finally:
-        out, err = _stop(relay)
-    assert relay.returncode == 0, out + err
-    assert closed >= 3
-    got = collect(vhost, queue)
-    counts = collections.Counter(m["message_id"] for m in got)
-    assert set(counts) == set(ids)  # nothing lost; re-published rows may repeat
-    _in_order(got)
-    print(f"relay: {out.strip()}; copies {len(got)} for {len(ids)} rows")
-
-
-def test_postgres_backend_terminated_between_confirm_and_mark(
-    vhost: str, pg: str, tmp_path: Path
-) -> None:
-    exchange, queue = _names()
-    declare(vhost, exchange, queue)
-    ids = _fill(pg, exchange, 300)
-    marker, app = tmp_path / "paused", f"rmqkit-oba-{uuid.uuid4().hex[:8]}"
-    env = {PAUSE: "1", MARKER: str(marker), "PGAPPNAME": app}
-    relay = relay_process(pg, vhost, "--batch", "100", "--poll", "100ms", env=env)
-    try:
-        _wait(marker.exists, "the relay never reached the pause")
-        with psycopg.connect(pg, autocommit=True) as admin:
-            killed = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = %s",
-                (app,),
-            ).fetchone()
-        assert killed is not None and killed[0] >= 1
-        _wait(lambda: all(p for p, _, _ in _rows(pg).values()), "rows left pending", 40)
-        assert relay.poll() is None, relay.communicate()
-    finally:
-        out, err = _stop(relay)
-    assert relay.returncode == 0, out + err
-    got = collect(vhost, queue)
-    counts = collections.Counter(m["message_id"] for m in got)
-    assert set(counts) == set(ids)
-    twice = [m for m, n in counts.items() if n > 1]
-    assert len(twice) <= 100 and set(twice) <= set(ids[:100])  # only the first batch, at most
-    _in_order(got)
-
-
-def test_kill_9_of_a_sqlite_relay_then_another_takes_over_after_the_lease(
-    vhost: str, tmp_path: Path
-) -> None:
-    dsn = f"sqlite:///{tmp_path}/app.db"
-    rmqkit.outbox.init(dsn)
-    exchange, queue = _names()
-    declare(vhost, exchange, queue)
-    conn = sqlite3.connect(tmp_path / "app.db")
-    ids = [
-        rmqkit.outbox.add(conn, exchange=exchange, routing_key="ev", body=b"%d" % n)
-        for n in range(250)
-    ]
-    conn.commit()
-    conn.close()
-    marker = tmp_path / "paused"
-    first = relay_process(
-        dsn, vhost, "--batch", "100", "--lease", "2s", env={PAUSE: "60", MARKER: str(marker)}
-    )
-    _wait(marker.exists, "the relay never reached the pause")
-    first.kill()
-    first.communicate()
-    second = relay_process(dsn, vhost, "--batch", "100", "--lease", "2s", "--poll", "200ms")
-    try:
-        _wait(lambda: all(p for p, _, _ in _rows(dsn).values()), "rows left pending", 20)
-    finally:
-        out, err = _stop(second)
-    assert second.returncode == 0, out + err
-    counts = collections.Counter(m["message_id"] for m in collect(vhost, queue))
-    assert set(counts) == set(ids)
-    assert {m for m, n in counts.items() if n > 1} == set(ids[:100])  # the killed batch only
+    first = outbox("relay", "--dsn", pg, "--once", vhost=vhost)
+    assert first.returncode == 3 and "nacked 1" in first.stdout, first.stdout + first.stderr
+    rows = _rows(pg)
+    assert rows[a[0]][0] and "nacked" in str(rows[a[1]][1]) and rows[a[2]] == (False, None, 0)
+    code, status = status_json(pg)
+    assert code == 1 and [r["message_id"] for r in status["failing_rows"]] == [a[1]]
+    got = [m["message_id"] for m in collect(vhost, queue)]  # drains the queue
+    assert outbox("relay", "--dsn", pg, "--once", vhost=vhost).returncode == 3  # A1 in, A2 waits
+    got += [m["message_id"] for m in collect(vhost, queue)]
+    assert outbox("relay", "--dsn", pg, "--once", vhost=vhost).returncode == 0
+    got += [m["message_id"] for m in collect(vhost, queue)]
+    assert got == a
 
 
 # --- add() and transactions -------------------------------------------------------------------
