@@ -144,7 +144,7 @@ class Broker:
                         go.append(i)
                     else:
                         results[i] = problem
-                outcomes = await self.publish([rows[i] for i in go])
+                outcomes = await self.publish([rows[i] for i in go]) if go else []
             except BrokerUnavailable:
                 # Lost before this wave went out: the earlier waves' confirmed rows are still
                 # marked (the relay reconnects after the marks); this wave's rows stay untouched.
