@@ -102,6 +102,15 @@ class Session:
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
         return parse_version(text)
 
+    @property
+    def cluster_name(self) -> str | None:
+        """The cluster name from the connection's server properties (what the management
+        API's ``/api/overview`` reports as ``cluster_name`` for the same cluster)."""
+        raw = (self._raw.server_properties or {}).get("cluster_name")
+        if raw is None:
+            return None
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
     async def close(self) -> None:
         """Close the connection (and with it every channel)."""
         await self._owner.close()

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from rmqkit.broker.management import management
 from rmqkit.cli.common import run_async, seconds, settings_from, topology_option
-from rmqkit.cli.render import print_json, stdout
+from rmqkit.cli.render import print_json, stderr, stdout
 from rmqkit.durations import age_text
 from rmqkit.health.status import QueueStatus, StatusReport, read_status, read_status_once
 from rmqkit.settings import Settings
@@ -32,7 +32,12 @@ def status(
     as_json: bool = typer.Option(
         False, "--json", help="Print JSON (with --watch: one line per reading)."
     ),
-    watch: bool = typer.Option(False, "--watch", "-w", help="Redraw until Ctrl-C."),
+    watch: bool = typer.Option(
+        False,
+        "--watch",
+        "-w",
+        help="Redraw until Ctrl-C (not on a terminal: one JSON line per reading).",
+    ),
     interval: str = typer.Option("2s", "--interval", help="Time between --watch readings."),
     parking_age: bool = typer.Option(
         False,
@@ -48,6 +53,7 @@ def status(
     spec = load_topology(topology) if topology is not None else None
     if not watch:
         report = run_async(read_status_once(settings, topology=spec, parking_age=parking_age))
+        _warn(report)
         if as_json:
             print_json(report.as_dict())
         elif stdout.is_terminal:
@@ -67,22 +73,40 @@ async def _watch(
     as_json: bool,
     parking_age: bool,
 ) -> None:
-    """Read and redraw until interrupted; Ctrl-C ends it (exit 130 at the CLI edge)."""
+    """Read and redraw until interrupted; Ctrl-C ends it (exit 130 at the CLI edge).
+
+    Not on a terminal (a pipe, a file), a redrawn table would show nothing until the end:
+    there each reading is one JSON line, flushed, as with --json."""
     async with management(settings) as api:
-        if as_json:
+        first = True
+
+        async def reading() -> StatusReport:
+            nonlocal first
+            report = await read_status(
+                api,
+                topology=topology,
+                settings=settings,
+                parking_age=parking_age,
+                check_broker=first,
+            )
+            if first:
+                _warn(report)
+            first = False
+            return report
+
+        if as_json or not stdout.is_terminal:
             while True:
-                report = await read_status(
-                    api, topology=topology, settings=settings, parking_age=parking_age
-                )
-                print(json.dumps(report.as_dict(), default=str), flush=True)
+                print(json.dumps((await reading()).as_dict(), default=str), flush=True)
                 await asyncio.sleep(every_s)
         with Live(console=stdout, auto_refresh=False) as live:
             while True:
-                report = await read_status(
-                    api, topology=topology, settings=settings, parking_age=parking_age
-                )
-                live.update(status_table(report, every_s=every_s), refresh=True)
+                live.update(status_table(await reading(), every_s=every_s), refresh=True)
                 await asyncio.sleep(every_s)
+
+
+def _warn(report: StatusReport) -> None:
+    if report.broker_warning:
+        stderr.print(f"warning: {report.broker_warning}", highlight=False)
 
 
 @dataclass(frozen=True)
@@ -208,7 +232,9 @@ def status_table(report: StatusReport, every_s: float | None = None) -> Table:
         ("note", "left"),
     )
     for column, justify in columns:
-        table.add_column(column, justify=justify, overflow="fold")
+        # Queue names stay whole (no_wrap): a name folded over two lines at 80 columns is
+        # copied wrong; the other columns give way instead.
+        table.add_column(column, justify=justify, overflow="fold", no_wrap=column == "queue")
     for index, section in enumerate(display_rows(report)):
         if index:
             table.add_section()

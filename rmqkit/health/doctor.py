@@ -28,6 +28,7 @@ from rmqkit.health.findings import (
     Finding,
     Severity,
 )
+from rmqkit.health.identity import BrokerIdentity, broker_identity
 from rmqkit.health.roles import Role, classify
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology
@@ -217,6 +218,8 @@ async def run_doctor(
     """
     async with management(settings) as api:
         snapshot = await read_snapshot(api)
+        overview = await api.overview()
+    identity = await broker_identity(settings, overview)
     known = topology_roles(topology, snapshot) if topology is not None else None
     roles = classify(snapshot, known)
     handler_timeouts: dict[str, tuple[float, str]] = {}
@@ -225,7 +228,7 @@ async def run_doctor(
             if spec.handler_timeout is not None:
                 handler_timeouts[name] = (spec.handler_timeout / 1000, "topology handler_timeout")
     samples: dict[str, tuple[int, int]] = {}
-    if sample_interval_s > 0:
+    if sample_interval_s > 0 and identity.amqp_error is None:
         samples = await sample_ready(
             settings, idle_growth_candidates(snapshot, roles), sample_interval_s
         )
@@ -253,13 +256,33 @@ async def run_doctor(
         vhost=snapshot.vhost,
         broker_version=snapshot.version,
         checked_at=datetime.now(UTC),
-        checks=run_checks(inp, checks),
+        checks=[connection_check(identity, snapshot.vhost), *run_checks(inp, checks)],
     )
+
+
+CONNECTION_CHECK = ("amqp-connection", "AMQP reaches the broker the management API describes")
+
+
+def connection_check(identity: BrokerIdentity, vhost: str) -> CheckResult:
+    """Critical when the AMQP port does not answer (nothing can consume or publish, whatever
+    the management API says) or answers for another cluster than the management API."""
+    check_id, title = CONNECTION_CHECK
+    problem = (
+        f"AMQP at {identity.amqp_url} is unreachable ({identity.amqp_error}) while the "
+        f"management API at {identity.management_url} answers"
+        if identity.amqp_error is not None
+        else identity.mismatch
+    )
+    if problem is None:
+        return CheckResult(check_id, title, "ok")
+    finding = Finding(check_id, "critical", "vhost", vhost, problem, identity.fix())
+    return CheckResult(check_id, title, "critical", [finding])
 
 
 __all__ = [
     "CheckResult",
     "DoctorReport",
+    "connection_check",
     "idle_growth_candidates",
     "run_checks",
     "run_doctor",

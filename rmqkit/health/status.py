@@ -16,6 +16,7 @@ from typing import Any
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.snapshot import QueueView, Snapshot, number, read_snapshot
 from rmqkit.errors import RmqkitError
+from rmqkit.health.identity import broker_identity
 from rmqkit.health.roles import Role, classify
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import parking_stats
@@ -121,10 +122,14 @@ class StatusReport:
     groups: list[GroupStatus] = field(default_factory=list)
     rates_kept: bool = True
     source: str | None = None  # the topology file, if one selected the queues
+    # AMQP unreachable, or another cluster than the management API (see health.identity)
+    broker_warning: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (``warning`` only when there is one)."""
+        warning = {"warning": self.broker_warning} if self.broker_warning else {}
         return {
+            **warning,
             "vhost": self.vhost,
             "broker_version": ".".join(map(str, self.broker_version)),
             "taken_at": self.taken_at.isoformat(),
@@ -252,11 +257,23 @@ async def read_status(
     topology: Topology | None = None,
     settings: Settings | None = None,
     parking_age: bool = False,
+    check_broker: bool = False,
 ) -> StatusReport:
     """One status reading through an open management client (``--watch`` keeps it open).
 
-    ``parking_age`` needs ``settings`` (it browses over AMQP)."""
+    ``parking_age`` needs ``settings`` (it browses over AMQP). ``check_broker`` (with
+    ``settings``): also connect over AMQP and set ``broker_warning`` when that fails or
+    reaches another cluster than the management API (the numbers would be another broker's)."""
     report = build_status(await read_snapshot(api), topology)
+    if check_broker and settings is not None:
+        identity = await broker_identity(settings, await api.overview())
+        problem = (
+            f"AMQP at {identity.amqp_url} is unreachable ({identity.amqp_error})"
+            if identity.amqp_error
+            else identity.mismatch
+        )
+        if problem is not None:
+            report = replace(report, broker_warning=f"{problem} — {identity.fix()}")
     if parking_age and settings is not None:
         report = await _with_parking_ages(settings, report)
     return report
@@ -267,7 +284,9 @@ async def read_status_once(
 ) -> StatusReport:
     """One status reading of the vhost the settings point at."""
     async with management(settings) as api:
-        return await read_status(api, topology=topology, settings=settings, parking_age=parking_age)
+        return await read_status(
+            api, topology=topology, settings=settings, parking_age=parking_age, check_broker=True
+        )
 
 
 __all__ = [
