@@ -215,6 +215,14 @@ class Relay:
             log.info("outbox relay: another relay holds the SQLite lease; waiting")
         return held
 
+    async def _keep_lease(self) -> None:
+        """SQLite: renew the lease while a batch is out. A batch can outlast the lease (a broker
+        in flow control blocks publishes); without this a second relay would take the lease and
+        publish the same rows, a duplicate without any crash."""
+        while True:
+            await asyncio.sleep(self.options.lease_s / 3)
+            await self._lease()
+
     # --- one batch -----------------------------------------------------------------------------
     async def _batch(self, claim: str, params: tuple[Any, ...]) -> int:
         """Claim, publish, mark one batch; the number of rows claimed."""
@@ -236,8 +244,14 @@ class Relay:
             if not rows:
                 return 0
             log.debug("claimed %d rows, ids %d..%d", len(rows), rows[0].id, rows[-1].id)
-            outcomes = await self.broker.publish_in_order(rows)
-            await _test_pause()
+            renewing = None if self.pg else asyncio.create_task(self._keep_lease())
+            try:
+                outcomes = await self.broker.publish_in_order(rows)
+                await _test_pause()
+            finally:
+                if renewing is not None:
+                    renewing.cancel()
+                    await asyncio.gather(renewing, return_exceptions=True)
             await self._mark(rows, outcomes)
         log.debug("committed the marks of ids %d..%d", rows[0].id, rows[-1].id)
         self.report.batches += 1

@@ -194,3 +194,34 @@ def test_broker_closed_between_confirm_and_mark_then_reconnects(
     assert sum(counts.values()) - len(ids) <= 100, out  # at most one batch again
     _in_order(got)
     print(f"relay: {out.strip()}; copies {len(got)} for {len(ids)} rows")
+
+
+def test_sqlite_batch_longer_than_the_lease_is_not_published_twice(
+    vhost: str, tmp_path: Path
+) -> None:
+    """A live relay whose batch outlasts the lease (here a 3 s pause; in life a broker in flow
+    control) keeps its lease: a second relay waits instead of publishing the same rows."""
+    dsn = f"sqlite:///{tmp_path}/app.db"
+    rmqkit.outbox.init(dsn)
+    exchange, queue = _names()
+    declare(vhost, exchange, queue)
+    conn = sqlite3.connect(tmp_path / "app.db")
+    ids = [
+        rmqkit.outbox.add(conn, exchange=exchange, routing_key="ev", body=b"%d" % n)
+        for n in range(150)
+    ]
+    conn.commit()
+    conn.close()
+    marker = tmp_path / "paused"
+    slow = relay_process(
+        dsn, vhost, "--batch", "100", "--lease", "1s", env={PAUSE: "3", MARKER: str(marker)}
+    )
+    _wait(marker.exists, "the relay never reached the pause")
+    other = relay_process(dsn, vhost, "--batch", "100", "--lease", "1s", "--poll", "200ms")
+    try:
+        _wait(lambda: all(p for p, _, _ in _rows(dsn).values()), "rows left pending", 30)
+    finally:
+        outputs = [_stop(slow), _stop(other)]
+    assert (slow.returncode, other.returncode) == (0, 0), outputs
+    counts = collections.Counter(m["message_id"] for m in collect(vhost, queue))
+    assert counts == collections.Counter(ids), outputs  # each once: no second publisher
