@@ -153,6 +153,10 @@ class Broker:
                 break
             for i, outcome in zip(go, outcomes, strict=True):
                 results[i] = outcome
+            if any(isinstance(o, str) for o in outcomes):
+                # The channel failed (a 404 closes it: an exchange deleted since it was checked):
+                # check every exchange again rather than close the next channel the same way.
+                self._exchanges.clear()
             failed.update(
                 rows[i].aggregate
                 for i in wave
