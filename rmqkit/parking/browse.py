@@ -36,9 +36,10 @@ from enum import Enum
 from typing import Any
 
 from rmqkit.broker.management import ManagementClient
-from rmqkit.broker.policies import DEFAULT_SOURCE_4X, resolve_queue
+from rmqkit.broker.policies import DEFAULT_SOURCE_4X, Effective, resolve_queue
 from rmqkit.broker.session import Channel, Delivery, Session
 from rmqkit.errors import BrokerError, BrokerUnavailable, DataError
+from rmqkit.parking.hints import limit_fix
 from rmqkit.parking.model import ParkedMessage
 
 MAX_WINDOW = 60_000  # prefetch_count is 16-bit; larger queues are browsed in several passes
@@ -101,15 +102,25 @@ async def check_browsable(
     qtype = found.get("type", "classic")
     if qtype == "stream":
         raise DataError(f"{queue!r} is a stream: streams cannot be browsed with acks or replayed")
+    policies, operator_policies = await asyncio.gather(api.policies(), api.operator_policies())
+    effective = resolve_queue(found, policies, operator_policies, broker_version)
+    parking = effective.settings.get("dead-letter-routing-key")
+    if isinstance(parking, str) and parking != queue and parking.endswith(".parking"):
+        # A work queue dead-letters into its parking queue: browsing it would hold back (and,
+        # with a delivery limit, spend attempts of) messages its consumers are waiting for.
+        raise DataError(
+            f"{queue!r} is a work queue (it dead-letters to {parking!r}), not a parking queue — "
+            f"did you mean {parking!r}?"
+        )
     if qtype != "quorum":
         return dict(found)
-    policies, operator_policies = await asyncio.gather(api.policies(), api.operator_policies())
-    limit, source = _delivery_limit(found, policies, operator_policies, broker_version)
+    limit, source = _limit_of(effective)
     if limit is not None:
         raise DataError(
             f"parking queue {queue!r} has a delivery limit of {limit} (from {source}): browsing "
             "returns messages to the queue, each return counts as a delivery, and at the limit "
-            f"they are dropped or dead-lettered — fix: {_limit_fix(queue, source)}"
+            f"they are dropped or dead-lettered — fix: "
+            f"{limit_fix(queue, source, api.vhost, effective.policy, broker_version)}"
         )
     return dict(found)
 
@@ -123,32 +134,16 @@ def _delivery_limit(
     """The delivery limit the broker enforces on ``queue`` (None: none) and where it comes
     from, by the one resolver doctor and plan use (worked out from the policy lists, since the
     management API's ``effective_policy_definition`` lags a policy change)."""
-    found = resolve_queue(queue, policies, operator_policies, version)
+    return _limit_of(resolve_queue(queue, policies, operator_policies, version))
+
+
+def _limit_of(found: Effective) -> tuple[int | None, str]:
     source = found.delivery_limit_source
     if source == "argument":
         source = "its x-delivery-limit argument"
     elif source == DEFAULT_SOURCE_4X:
         source = "the 4.x default for quorum queues"
     return found.delivery_limit, source
-
-
-def _limit_fix(queue: str, source: str) -> str:
-    if source.startswith("operator policy"):
-        return (
-            f"{source} sets it, and an operator policy's limit wins over a user policy's -1: "
-            "ask the operator to exclude this queue from its pattern"
-        )
-    if source.startswith("its x-delivery-limit"):
-        return (
-            "the argument is fixed at declaration: declare a parking queue with `rmqkit declare`, "
-            f"move the messages there (shovel), then delete {queue!r}"
-        )
-    pattern = "^" + queue.replace(".", "\\\\.") + "$"
-    return (
-        f"`rmqkit declare` your topology file, or: rabbitmqctl set_policy rmqkit.{queue} "
-        f"'{pattern}' '{{\"delivery-limit\":-1}}' --apply-to queues --priority 100 "
-        "(on 3.x, where -1 is invalid, remove delivery-limit from the policy instead)"
-    )
 
 
 async def browse(

@@ -6,6 +6,7 @@ unit-testable; ``read_live_state`` is the only I/O here.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -311,13 +312,15 @@ def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: 
         )
         action: Action = "in-sync" if key in have_bindings else "create"
         changes.append(Change("binding", binding.label, action))
-    changes.extend(_orphans(desired, live))
+    changes.extend(_orphans(desired, live, vhost))
     return Plan(source=source, vhost=vhost, desired=desired, changes=changes)
 
 
-def _orphans(desired: DesiredState, live: LiveState) -> list[Change]:
+def _orphans(desired: DesiredState, live: LiveState, vhost: str) -> list[Change]:
     """rmqkit-made objects the file no longer names: reported, never deleted (they may hold
-    messages, and a wait queue without its policy would keep them forever)."""
+    messages, and a wait queue without its policy would keep them forever). Their fixes name
+    the vhost (``-p``) and quote for the shell, so they can be pasted as they are."""
+    where = f"-p {shlex.quote(vhost or '/')}"
     wanted_queues = {q.name for q in desired.queues}
     wanted_policies = {p.name for p in desired.policies}
     work_queues = {q.name for q in desired.queues if q.role == "work"}
@@ -332,7 +335,7 @@ def _orphans(desired: DesiredState, live: LiveState) -> list[Change]:
                     "orphan",
                     f"no longer in the file; left in place with {queue.get('messages', 0)} "
                     f"message(s), which still return to {owner}",
-                    f"delete it once empty: rabbitmqctl delete_queue {name}",
+                    f"delete it once empty: rabbitmqctl delete_queue {where} {shlex.quote(name)}",
                 )
             )
     if desired.via == "policy":
@@ -345,7 +348,8 @@ def _orphans(desired: DesiredState, live: LiveState) -> list[Change]:
                         "orphan",
                         "no longer in the file; left in place so the queue it governs keeps "
                         "its TTL and dead-letter wiring",
-                        f"delete it after its queue: rabbitmqctl clear_policy {name}",
+                        f"delete it after its queue: rabbitmqctl clear_policy {where} "
+                        f"{shlex.quote(name)}",
                     )
                 )
     return out
