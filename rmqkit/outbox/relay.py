@@ -146,13 +146,7 @@ class Relay:
         try:
             await self._fetch(self.sql.max_id)
         except Exception as exc:
-            text = str(exc)
-            if "does not exist" in text or "no such table" in text:
-                raise ConfigError(
-                    f"{self.store.dsn.masked} has no table {TABLE} — create it with "
-                    f"`rmqkit outbox init --dsn ...` (or your migrations, docs/outbox.md)"
-                ) from None
-            raise
+            raise self._mapped(exc) from None
 
     async def _forever(self) -> None:
         delay = 1.0
@@ -173,6 +167,13 @@ class Relay:
     def _mapped(self, exc: BaseException) -> BaseException:
         if isinstance(exc, RmqkitError):
             return exc
+        text = str(exc)
+        if TABLE in text and ("does not exist" in text or "no such table" in text):
+            # At start, or dropped under a running relay (a migration rolled back): 78, one line.
+            return ConfigError(
+                f"{self.store.dsn.masked} has no table {TABLE} — create it with "
+                f"`rmqkit outbox init --dsn ...` (or your migrations, docs/outbox.md)"
+            )
         mapped = map_db_error(exc, self.store.dsn)
         if mapped is not None:
             return mapped

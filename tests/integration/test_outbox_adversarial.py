@@ -289,6 +289,15 @@ def test_daemon_without_table_exits_78_and_concurrent_inits(
             out, err = relay.communicate(timeout=30)
             assert relay.returncode == 78, out + err
             assert err.strip().count("\n") == 0 and "outbox init" in err
+        # the table dropped under a running relay (a migration rolled back): 78 too, one line
+        relay = relay_process(pg, vhost, "--poll", "100ms")
+        time.sleep(1.5)
+        assert relay.poll() is None, relay.communicate()
+        with psycopg.connect(pg, autocommit=True) as admin:
+            admin.execute("DROP TABLE rmqkit_outbox")
+        out, err = relay.communicate(timeout=30)
+        assert relay.returncode == 78, out + err
+        assert err.strip().count("\n") == 0 and "outbox init" in err
         for dsn in (empty, f"sqlite:///{tmp_path}/twice.db"):
             results: list[int] = []
 
