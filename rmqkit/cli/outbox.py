@@ -52,6 +52,13 @@ def relay_cmd(
         help="SQLite: how long the relay lease outlives a relay that died (kill -9) before "
         "another relay may take over.",
     ),
+    order: str = typer.Option(
+        "strict",
+        "--order",
+        help="strict: one unconfirmed row per aggregate, so a failed row holds back the rest of "
+        "its aggregate; pipelined: a batch's rows of one aggregate in one round trip (faster for "
+        "a hot aggregate; rows behind a failed one may go out ahead of its retry).",
+    ),
     notify: bool = typer.Option(
         True,
         "--notify/--no-notify",
@@ -61,6 +68,8 @@ def relay_cmd(
     """Publish pending outbox rows with confirms, then mark them published (runs until SIGTERM,
     which finishes the batch in flight). Exit codes: 0 ok, 3 rows left pending (--once),
     69 broker or database unreachable, 78 bad DSN or no table."""
+    if order not in ("strict", "pipelined"):
+        raise UsageError(f"--order: {order!r} is not strict or pipelined")
     try:
         retention_s = parse_retention(retention)
     except ValueError as exc:
@@ -73,6 +82,7 @@ def relay_cmd(
         retention_s=retention_s,
         metrics_port=metrics_port,
         lease_s=seconds(lease, "--lease"),
+        pipelined=order == "pipelined",
         listen=notify,
     )
     report = run_async(run_relay(settings_from(ctx), options))

@@ -64,6 +64,7 @@ class RelayOptions:
     metrics_port: int | None = None
     lease_s: float = 30.0  # SQLite: how long a relay's lease outlives its last renewal
     listen: bool = True  # PostgreSQL: LISTEN for commits (off: poll only, e.g. behind PgBouncer)
+    pipelined: bool = False  # --order pipelined: a batch's rows of one aggregate in one round trip
 
 
 @dataclass
@@ -247,7 +248,9 @@ class Relay:
             log.debug("claimed %d rows, ids %d..%d", len(rows), rows[0].id, rows[-1].id)
             renewing = None if self.pg else asyncio.create_task(self._keep_lease())
             try:
-                outcomes = await self.broker.publish_in_order(rows)
+                outcomes = await self.broker.publish_in_order(
+                    rows, pipelined=self.options.pipelined
+                )
                 await _test_pause()
             finally:
                 if renewing is not None:

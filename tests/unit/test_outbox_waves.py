@@ -121,3 +121,11 @@ def test_add_refuses_what_amqp_cannot_carry_and_writes_nothing(tmp_path: Path) -
         with pytest.raises(ValueError, match="cannot be published"):
             rmqkit.outbox.add(conn, body=b"x", **kwargs)  # type: ignore[arg-type]
     assert conn.execute("SELECT count(*) FROM rmqkit_outbox").fetchone() == (0,)
+
+
+def test_pipelined_sends_the_batch_in_one_wave() -> None:
+    """``--order pipelined``: one round trip, so a3 and a4 go out although a2 failed."""
+    broker = Scripted({"a2": Outcome.RETURNED})
+    results = asyncio.run(broker.publish_in_order(ROWS, pipelined=True))
+    assert broker.waves == [[r.message_id for r in ROWS]]
+    assert results[2] is Outcome.RETURNED and results[4] is results[7] is Outcome.CONFIRMED
