@@ -10,18 +10,31 @@ import traceback
 import typer
 
 from rmqkit._version import __version__
-from rmqkit.cli import config as config_cmd
-from rmqkit.cli import consume as consume_cmd
-from rmqkit.cli import dedupe as dedupe_cmd
-from rmqkit.cli import doctor as doctor_cmd
-from rmqkit.cli import outbox as outbox_cmd
-from rmqkit.cli import parking as parking_cmd
-from rmqkit.cli import publish as publish_cmd
-from rmqkit.cli import status as status_cmd
-from rmqkit.cli import topology as topology_cmd
+from rmqkit.cli.lazy import LazyCommand, LazyGroup
 from rmqkit.errors import ExitCode, RmqkitError
 
+
+class Commands(LazyGroup):
+    """rmqkit's commands, in the order --help lists them; each module is imported only when
+    its command runs or shows its own help (start-up: docs/benchmarks.md, bench/startup.py)."""
+
+    LAZY = (
+        LazyCommand("config", "rmqkit.cli.config", "config"),
+        LazyCommand("declare", "rmqkit.cli.topology", "declare"),
+        LazyCommand("plan", "rmqkit.cli.topology", "plan"),
+        LazyCommand("export", "rmqkit.cli.topology", "export"),
+        LazyCommand("consume", "rmqkit.cli.consume", "consume"),
+        LazyCommand("publish", "rmqkit.cli.publish", "publish"),
+        LazyCommand("status", "rmqkit.cli.status", "status"),
+        LazyCommand("doctor", "rmqkit.cli.doctor", "doctor"),
+        LazyCommand("parking", "rmqkit.cli.parking", "app", group=True),
+        LazyCommand("outbox", "rmqkit.cli.outbox", "app", group=True),
+        LazyCommand("dedupe", "rmqkit.cli.dedupe", "app", group=True),
+    )
+
+
 app = typer.Typer(
+    cls=Commands,
     name="rmqkit",
     help="RabbitMQ reliability toolkit: topology as code, supervised consumers, parking lanes.",
     no_args_is_help=True,
@@ -72,19 +85,6 @@ def root(
     for name in ("aiormq", "aio_pika", "httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
     ctx.obj = {"url": url, "management_url": management_url}
-
-
-app.command("config")(config_cmd.config)
-app.command("declare")(topology_cmd.declare)
-app.command("plan")(topology_cmd.plan)
-app.command("export")(topology_cmd.export)
-app.command("consume")(consume_cmd.consume)
-app.add_typer(parking_cmd.app, name="parking")
-app.command("publish")(publish_cmd.publish)
-app.command("status")(status_cmd.status)
-app.command("doctor")(doctor_cmd.doctor)
-app.add_typer(outbox_cmd.app, name="outbox")
-app.add_typer(dedupe_cmd.app, name="dedupe")
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from rmqkit.topology.plan import Plan
+if TYPE_CHECKING:  # every command imports this module: the topology package is not cheap
+    from rmqkit.topology.plan import Plan
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)

@@ -1,0 +1,102 @@
+"""Commands loaded when they run, so `rmqkit --help` does not import every library.
+
+Each command module imports what it works with (aio-pika, pydantic, the parking and health
+packages): importing all of them to print the command list cost most of `rmqkit --help`'s
+start-up (issue 14: 0.8-1.1 s). ``LazyGroup`` lists a command from its module's *source*
+(the function's docstring, or the group's ``typer.Typer(help=...)``, read with ``ast``, so the
+listing cannot drift from the command), and imports the module only to run it or show its own
+``--help``. ``tests/unit/test_oncall_startup.py`` checks the listing against the loaded commands.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+
+@dataclass(frozen=True)
+class LazyCommand:
+    """A command (``attr`` a function) or a group (``attr`` a ``typer.Typer``) of ``module``."""
+
+    name: str
+    module: str
+    attr: str
+    group: bool = False
+
+    def summary(self) -> str:
+        """The help the command list shows, read from the module's source without importing."""
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or spec.origin is None:
+            return ""
+        with open(spec.origin, encoding="utf-8") as source:
+            tree = ast.parse(source.read())
+        for node in tree.body:
+            if not self.group and isinstance(node, ast.FunctionDef) and node.name == self.attr:
+                return ast.get_docstring(node) or ""
+            if (
+                self.group
+                and isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and any(isinstance(t, ast.Name) and t.id == self.attr for t in node.targets)
+            ):
+                for keyword in node.value.keywords:
+                    if keyword.arg == "help":
+                        return str(ast.literal_eval(keyword.value))
+        return ""
+
+    def load(self) -> Any:
+        """The click command, importing its module."""
+        found = getattr(importlib.import_module(self.module), self.attr)
+        command: Any
+        if self.group:
+            command = typer.main.get_group(found)
+        else:  # a one-command app is that command (as `app.command(name)(fn)` made it)
+            holder = typer.Typer(
+                rich_markup_mode="rich", pretty_exceptions_enable=False, add_completion=False
+            )
+            holder.command(self.name)(found)
+            command = typer.main.get_command(holder)
+        command.name = self.name
+        return command
+
+
+class LazyGroup(TyperGroup):
+    """A typer group whose ``LAZY`` commands are imported on first use (see the module)."""
+
+    LAZY: tuple[LazyCommand, ...] = ()
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self._listing = False
+        self._loaded: dict[str, Any] = {}
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *(c.name for c in self.LAZY)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        found = super().get_command(ctx, cmd_name)
+        if found is not None or cmd_name in self._loaded:
+            return found or self._loaded[cmd_name]
+        lazy = next((c for c in self.LAZY if c.name == cmd_name), None)
+        if lazy is None:
+            return None
+        if self._listing:  # the command list only needs its name and help
+            return typer.core.TyperCommand(name=cmd_name, help=lazy.summary())
+        self._loaded[cmd_name] = lazy.load()
+        return self._loaded[cmd_name]
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+__all__ = ["LazyCommand", "LazyGroup"]
