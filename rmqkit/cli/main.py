@@ -16,7 +16,7 @@ from rmqkit.errors import ExitCode, RmqkitError
 
 class Commands(LazyGroup):
     """rmqkit's commands, in the order --help lists them; each module is imported only when
-    its command runs or shows its own help (start-up: docs/benchmarks.md, bench/startup.py)."""
+    its command runs or shows its own help (start-up time: bench/startup.py)."""
 
     LAZY = (
         LazyCommand("config", "rmqkit.cli.config", "config"),
