@@ -1,4 +1,4 @@
-"""Start-up time of the CLI (issue 14): median of N runs of `--help` commands, two trees side by side.
+"""CLI start-up time (issue 14): median of N runs of `--help` commands, two trees side by side.
 
     .venv/bin/python bench/startup.py --old 19871ec        # this tree against a commit
     .venv/bin/python bench/startup.py --old-tree /tmp/old   # ... or an existing checkout

@@ -21,6 +21,14 @@ from rmqkit.publish import (
     publish_messages,
 )
 
+ID_FROM_OPT = typer.Option(
+    None,
+    "--id-from",
+    metavar="FIELD",
+    help="Take each message_id from this field (dotted path): of the NDJSON record "
+    "(e.g. body.order_id), or of each line/--body parsed as JSON (e.g. order_id).",
+)
+
 
 def publish(
     ctx: typer.Context,
@@ -38,13 +46,7 @@ def publish(
     message_id: str | None = typer.Option(
         None, "--message-id", help="message_id for a single --body (default: derived, see below)."
     ),
-    id_from: str | None = typer.Option(
-        None,
-        "--id-from",
-        metavar="FIELD",
-        help="Take each message_id from this field (dotted path): of the NDJSON record "
-        "(e.g. body.order_id), or of each line/--body parsed as JSON (e.g. order_id).",
-    ),
+    id_from: str | None = ID_FROM_OPT,
     random_ids: bool = typer.Option(
         False,
         "--random-ids",
