@@ -57,3 +57,10 @@ async def set_state(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
 
 async def noop(message: rmqkit.Message) -> None:
     """No writes of its own: only the id is recorded."""
+
+
+async def effect_outside(message: rmqkit.Message) -> None:
+    """No transaction: the effect is a ledger row outside the store (tests.handlers' ledger)."""
+    from tests.handlers import record
+
+    record(message.message_id, message.attempt, "effect")

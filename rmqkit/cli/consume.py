@@ -16,6 +16,7 @@ from rmqkit.consumer.config import (
     build_config,
     policy_from_topology,
 )
+from rmqkit.consumer.dedupe import dedupe_config
 from rmqkit.consumer.handler import load_handler
 from rmqkit.consumer.supervisor import run_supervised
 from rmqkit.consumer.wiring import (
@@ -78,6 +79,31 @@ def consume(
         None, "--metrics-port", help="Serve /metrics, /healthz, /readyz (worker i on port+i)."
     ),
     log_format: LogFormat = typer.Option(LogFormat.text, "--log-format"),
+    dedupe: str | None = typer.Option(
+        None,
+        "--dedupe",
+        help="Idempotent consumer: record each message_id in this store (sqlite:///app.db, "
+        "postgresql://…) in the handler's transaction; duplicates are acked unhandled. "
+        "Run `rmqkit dedupe init` first.",
+    ),
+    dedupe_connections: int | None = typer.Option(
+        None,
+        "--dedupe-connections",
+        min=1,
+        max=256,
+        help="Store connections per process (default 4 on PostgreSQL, 1 on SQLite).",
+    ),
+    dedupe_batch: int = typer.Option(
+        100, "--dedupe-batch", min=1, max=1000, help="Messages per store transaction at most."
+    ),
+    order_key_header: str | None = typer.Option(
+        None, "--order-key-header", help="Ordering guard: the header holding the entity key."
+    ),
+    order_version_header: str | None = typer.Option(
+        None,
+        "--order-version-header",
+        help="Ordering guard: the header holding its integer version; not newer → acked stale.",
+    ),
 ) -> None:
     """Consume QUEUE with HANDLER under supervision: manual acks, retries through the wait
     queues, poison and exhausted messages to parking. SIGTERM stops gracefully (exit 0).
@@ -85,7 +111,7 @@ def consume(
     Refuses to start (exit 78) when the queues' wiring in effect would drop or misroute
     messages (e.g. a wait queue that does not dead-letter back to QUEUE)."""
     settings = settings_from(ctx)
-    load_handler(handler)  # fail here, once, with one line (exit 78) rather than in each worker
+    loaded = load_handler(handler)  # fail here, once, with one line (exit 78), not per worker
     flags = ConsumerFlags(
         prefetch=prefetch,
         concurrency=concurrency,
@@ -95,6 +121,14 @@ def consume(
         metrics_port=metrics_port,
         log_format="json" if log_format == LogFormat.json else "text",
         permanent_errors=tuple(permanent_error),
+        dedupe=dedupe_config(
+            dedupe,
+            loaded,
+            connections=dedupe_connections,
+            batch=dedupe_batch,
+            order_key_header=order_key_header,
+            order_version_header=order_version_header,
+        ),
     )
     spec = load_topology(topology) if topology is not None else None
     config = run_async(_resolve(settings, handler, queue, flags, spec))

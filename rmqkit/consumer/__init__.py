@@ -10,6 +10,8 @@ Who owns what:
 * one delivery: ``dispatch`` (``Dispatcher``: checks, handler, outcome), ``decision`` (the pure
   ack / retry / park decision), ``attempts`` (x-death and our attempt header), ``copies``
   (retry/park copies, confirmed before the original is acked), ``refusals`` (backoff);
+* ``--dedupe``: ``dedupe`` (``DedupeStep``: the handler in a store transaction that records the
+  message id, through ``rmqkit.idempotency``; duplicate / stale / applied verdicts);
 * the handler: ``loading`` (``module:function`` → ``LoadedHandler``, exit 78 on a bad one),
   ``handler`` (running it: timeouts, threads, outcomes), ``message`` (``rmqkit.Message`` and the
   exceptions a handler raises);

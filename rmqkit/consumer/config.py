@@ -25,6 +25,17 @@ BROKER_CONSUMER_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
+class DedupeConfig:
+    """``--dedupe``: the store, its connections and batch, and the ordering guard's headers."""
+
+    dsn: str
+    connections: int = 4
+    batch: int = 100
+    order_key_header: str | None = None
+    order_version_header: str | None = None
+
+
+@dataclass(frozen=True)
 class ConsumerConfig:
     """Everything one consumer process runs with (picklable: handed to worker processes)."""
 
@@ -44,6 +55,7 @@ class ConsumerConfig:
     ack_flush_s: float = 0.005
     consumer_timeout_s: float = BROKER_CONSUMER_TIMEOUT_S
     warnings: tuple[str, ...] = field(default=())
+    dedupe: DedupeConfig | None = None  # None: no store, no per-message database work
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -62,6 +74,7 @@ class ConsumerFlags:
     metrics_port: int | None = None
     log_format: Literal["text", "json"] = "text"
     permanent_errors: tuple[str, ...] = ()
+    dedupe: DedupeConfig | None = None
 
 
 def policy_from_topology(topology: Topology, queue: str, max_attempts: int | None) -> QueuePolicy:
@@ -152,9 +165,11 @@ def build_config(
         handler_timeout_s=timeout_s,
         grace_s=flags.grace_s if flags.grace_s is not None else 30.0,
         max_message_bytes=spec.max_message_bytes if spec else None,
-        require_message_id=spec.require_message_id if spec else False,
+        # --dedupe keys on the message_id: a message without one is parked, never guessed at.
+        require_message_id=(spec.require_message_id if spec else False) or bool(flags.dedupe),
         metrics_port=flags.metrics_port,
         log_format=flags.log_format,
         consumer_timeout_s=consumer_timeout_s,
         warnings=tuple(warnings),
+        dedupe=flags.dedupe,
     )

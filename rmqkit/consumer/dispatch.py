@@ -37,6 +37,7 @@ from rmqkit.consumer.decision import (
     TooLarge,
     decide,
 )
+from rmqkit.consumer.dedupe import DedupeStep
 from rmqkit.consumer.handler import LoadedHandler, run_handler
 from rmqkit.consumer.logs import current_message
 from rmqkit.consumer.message import Message
@@ -99,6 +100,11 @@ class Dispatcher:
             self.threads = HandlerThreads(self.prefetch)
             threads = self.threads
             threads.on_change = lambda: metrics.set_stuck_handlers(threads.stuck)
+        # --dedupe: handlers run in store transactions that record the message id (None: off,
+        # and the path below does no database work at all).
+        self.dedupe: DedupeStep | None = None
+        if config.dedupe is not None:
+            self.dedupe = DedupeStep(config, handler, metrics, self.threads, self._permanent)
 
     def stop(self) -> None:
         """Ask for a graceful stop: no new deliveries; in-flight ones finish within the grace."""
@@ -155,15 +161,18 @@ class Dispatcher:
                 timestamp=_as_datetime(props.timestamp),
                 delivery_tag=tag,
             )
-            started = perf_counter()
-            outcome = await run_handler(
-                self.handler,
-                message,
-                timeout_s=config.handler_timeout_s,
-                permanent_types=self._permanent,
-                executor=self.threads,
-            )
-            self.metrics.observe_handler(perf_counter() - started)
+            if self.dedupe is None:
+                started = perf_counter()
+                outcome = await run_handler(
+                    self.handler,
+                    message,
+                    timeout_s=config.handler_timeout_s,
+                    permanent_types=self._permanent,
+                    executor=self.threads,
+                )
+                self.metrics.observe_handler(perf_counter() - started)
+            else:
+                outcome = await self.dedupe.handle(message)
         if type(outcome) is Success:
             self._finished(tracker, tag)
             return

@@ -48,6 +48,7 @@ async def run_handler(
     timeout_s: float | None,
     permanent_types: frozenset[str],
     executor: Executor | HandlerThreads | None = None,
+    transaction: Any = None,
 ) -> Outcome:
     """Run ``handler`` on ``message`` and say how it ended. Never raises, except CancelledError
     (and BaseExceptions such as SystemExit/KeyboardInterrupt, which are not outcomes).
@@ -68,7 +69,13 @@ async def run_handler(
     cancels the calling task's await exactly as ``asyncio.timeout`` would (a cancellation from
     outside still propagates), but through one shared timer per event loop instead of a timer
     per call (see _Watchdog).
+
+    ``transaction``: passed as the second argument to a handler that takes a
+    ``rmqkit.Transaction`` (``consume --dedupe``).
     """
+    target = handler.target
+    if handler.takes_transaction:
+        target = _with_transaction(target, transaction)
     if handler.convert is None:
         argument: Any = message
     else:
@@ -82,9 +89,9 @@ async def run_handler(
     if timeout_s is None:
         try:
             if handler.is_async:
-                await handler.target(argument)
+                await target(argument)
             else:
-                await _in_thread(handler.target, argument, executor)
+                await _in_thread(target, argument, executor)
         except Exception as exc:
             return _classify(exc, permanent_types)
         return _SUCCESS
@@ -95,9 +102,9 @@ async def run_handler(
     deadline = watchdog.start(timeout_s)
     try:
         if handler.is_async:
-            await handler.target(argument)
+            await target(argument)
         else:
-            await _in_thread(handler.target, argument, executor)
+            await _in_thread(target, argument, executor)
     except asyncio.CancelledError:
         # Ours if the watchdog cancelled and nobody else did meanwhile (asyncio.timeout's rule).
         if deadline.expired and deadline.task.uncancel() <= deadline.cancelling:
@@ -116,6 +123,13 @@ async def run_handler(
         return _SUCCESS
     finally:
         watchdog.finish(deadline)
+
+
+def _with_transaction(target: Callable[..., Any], transaction: Any) -> Callable[[Any], Any]:
+    def call(argument: Any) -> Any:
+        return target(argument, transaction)
+
+    return call
 
 
 class _Deadline:

@@ -16,6 +16,9 @@ What a handler receives depends on the annotation of its one parameter:
 
 A body that fails that decoding or validation never reaches the handler: the outcome is
 ``Undecodable`` (parked as ``undecodable``).
+
+A second positional parameter annotated ``rmqkit.Transaction`` receives the open transaction of
+``consume --dedupe`` (rmqkit.idempotency): ``takes_transaction`` is then set.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from rmqkit.consumer.message import DecodeError, Message
 from rmqkit.errors import ConfigError
+from rmqkit.idempotency.record import Transaction
 
 
 class HandlerInput(Enum):
@@ -64,6 +68,8 @@ class LoadedHandler:
     input_type: Any = None
     # Builds the argument from the Message; None for MESSAGE (the Message itself is passed).
     convert: Callable[[Message], Any] | None = None
+    # A second parameter annotated rmqkit.Transaction: called as target(argument, transaction).
+    takes_transaction: bool = False
 
     def describe(self) -> str:
         """One line for the startup log, e.g. ``async orders.handlers:handle(order: Order)``."""
@@ -76,12 +82,14 @@ class LoadedHandler:
                 HandlerInput.BODY: "bytes",
                 HandlerInput.TEXT: "str",
             }[self.input]
-        return f"{kind} {self.spec}({self.parameter or '*args'}: {shown})"
+        tx = ", tx: Transaction" if self.takes_transaction else ""
+        return f"{kind} {self.spec}({self.parameter or '*args'}: {shown}{tx})"
 
 
 # --- loading -------------------------------------------------------------------------------------
 
 _MESSAGE_NAMES = frozenset({"Message", "rmqkit.Message", "rmqkit.consumer.message.Message"})
+_TRANSACTION_NAMES = frozenset({"Transaction", "rmqkit.Transaction"})
 _FORM = "expected 'module:function' (e.g. 'myapp.handlers:handle')"
 
 
@@ -127,7 +135,8 @@ def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
         signature = inspect.signature(target)
     except (TypeError, ValueError) as exc:
         raise _load_error(spec, f"cannot read the signature of '{spec}': {exc}") from None
-    parameter = _message_parameter(spec, signature)
+    transaction = _transaction_parameter(target, signature)
+    parameter = _message_parameter(spec, signature, transaction)
     annotation = _resolve_annotation(spec, target, parameter)
     handler_input, input_type, convert = _input_for(spec, parameter, annotation)
     return LoadedHandler(
@@ -138,6 +147,7 @@ def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
         input=handler_input,
         input_type=input_type,
         convert=convert,
+        takes_transaction=transaction is not None,
     )
 
 
@@ -171,13 +181,33 @@ def _import(spec: str, module_name: str, directory: str) -> types.ModuleType:
         raise _load_error(spec, detail) from exc
 
 
-def _message_parameter(spec: str, signature: inspect.Signature) -> inspect.Parameter:
-    """The parameter that receives the argument; the handler must take exactly one."""
-    positional = [
-        p
-        for p in signature.parameters.values()
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
+def _positional(signature: inspect.Signature) -> list[inspect.Parameter]:
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p for p in signature.parameters.values() if p.kind in kinds]
+
+
+def _transaction_parameter(target: Any, signature: inspect.Signature) -> str | None:
+    """The name of a second positional parameter annotated rmqkit.Transaction, if any."""
+    positional = _positional(signature)
+    if len(positional) < 2 or positional[1].annotation is inspect.Parameter.empty:
+        return None
+    raw = positional[1].annotation
+    if isinstance(raw, str) and raw.strip() in _TRANSACTION_NAMES:
+        return positional[1].name
+    holder = types.SimpleNamespace(__annotations__={positional[1].name: raw})
+    try:
+        hint = typing.get_type_hints(holder, globalns=_annotation_scope(target))
+    except Exception:
+        return None
+    return positional[1].name if hint[positional[1].name] is Transaction else None
+
+
+def _message_parameter(
+    spec: str, signature: inspect.Signature, transaction: str | None = None
+) -> inspect.Parameter:
+    """The parameter that receives the argument; the handler must take exactly one (besides
+    the transaction)."""
+    positional = [p for p in _positional(signature) if p.name != transaction]
     variadic = [
         p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_POSITIONAL
     ]

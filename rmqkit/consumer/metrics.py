@@ -27,6 +27,10 @@ Series (all prefixed ``rmqkit_consumer_``):
 ``total``                         queue; return: no such queue), by ``target`` queue
 ``cancelled_by_``      counter    times the broker cancelled the consumer (consumer timeout on
 ``broker_total``                  4.3, queue deleted); the consumer then reconnects
+``duplicates_total``   counter    ``--dedupe``: deliveries whose message id was already recorded,
+                                  acked without calling the handler
+``stale_total``        counter    ordering guard: deliveries not newer than their key's applied
+                                  version, acked without calling the handler
 =====================  =========  ===============================================================
 
 The HTTP endpoints that serve these numbers (``/metrics``, ``/healthz``, ``/readyz``) are
@@ -117,6 +121,8 @@ class ConsumerMetrics:
         self._threads_exhausted = 0
         self._copies_refused: dict[str, int] = {}
         self._cancelled_by_broker = 0
+        self._duplicates = 0
+        self._stale = 0
         self.threads_exhausted_now = False  # until the worker is recycled: not ready
         self.connected = False
         self.consuming = False
@@ -178,6 +184,14 @@ class ConsumerMetrics:
     def copy_refused(self, target: str) -> None:
         """A retry/park copy to ``target`` was refused (nacked or returned)."""
         self._copies_refused[target] = self._copies_refused.get(target, 0) + 1
+
+    def duplicate(self) -> None:
+        """``--dedupe``: a message whose id was already recorded, acked without the handler."""
+        self._duplicates += 1
+
+    def stale(self) -> None:
+        """The ordering guard: a message not newer than its key's version, acked unhandled."""
+        self._stale += 1
 
     def cancelled_by_broker(self) -> None:
         """The broker cancelled this consumer (basic.cancel)."""
@@ -292,6 +306,16 @@ class _Collector(Collector):
             "cancelled_by_broker",
             "Times the broker cancelled the consumer (consumer timeout, queue deleted).",
             m._cancelled_by_broker,
+        )
+        yield counter(
+            "duplicates",
+            "Deliveries whose message id was already recorded (--dedupe): acked, not handled.",
+            m._duplicates,
+        )
+        yield counter(
+            "stale",
+            "Deliveries not newer than their key's applied version (ordering guard): acked.",
+            m._stale,
         )
 
 

@@ -98,8 +98,12 @@ async def _main(
         await server.start()
     beat = asyncio.create_task(_heartbeat(metrics))
     try:
+        if consumer.dedupe is not None:  # the store answers and is initialised, or exit 78
+            await consumer.dedupe.start()
         await consumer.run()
     finally:
+        if consumer.dedupe is not None:
+            await consumer.dedupe.close()
         consumer.close()
         beat.cancel()
         if server is not None:

@@ -12,15 +12,18 @@ queue up; each of ``connections`` lanes (one database connection each) takes wha
    handler is not called. With the ordering guard, the batch's keys are locked the same way;
 3. the handlers: a handler that takes the transaction (or with the guard on) runs alone inside
    a SAVEPOINT, so that its failure rolls back its own writes (and the guard's version) only;
-   handlers that do not take it run concurrently. A failed one's id is deleted again;
+   handlers that do not take it run concurrently, each in its delivery's own task, while the
+   transaction waits for all of them. A failed one's id is deleted again;
 4. ``COMMIT``; only then are the results handed back, and the consumer acks.
 
 A commit is one disk flush for the whole batch: that is the speed-up over one transaction per
 message. If the transaction breaks (a deadlock in the handlers' own writes, a lost connection)
 every message of the batch is run again, each in a transaction of its own; if that fails too
-the error is the message's outcome (a transient failure: retried through the wait queues). A
+the error is the message's outcome (a transient failure: retried through the wait queues). For
+handlers that do not take the transaction (their own effects are outside it) a failed commit is
+that outcome at once. A
 handler that timed out while holding the transaction (a sync handler's thread cannot be stopped)
-abandons the connection: it is closed once the thread lets go, never reused.
+abandons the connection: it is interrupted and closed (its transaction rolls back), never reused.
 """
 
 from __future__ import annotations

@@ -39,7 +39,9 @@ AUDITED: dict[tuple[str, str], str] = {
         "succeeded or its copy was confirmed — test_consume.py mixed outcomes, test_acks_and_config"
     ),
     ("consumer/dispatch.py", "self._finished(tracker, tag)"): (
-        "after Success or an Ack decision: nothing to write elsewhere (the effect is the handler's)"
+        "after Success or an Ack decision: nothing to write elsewhere (the effect is the "
+        "handler's); with --dedupe Success (applied, duplicate or stale) comes only after the "
+        "store's COMMIT returned — test_dedupe_consume.py kill -9 three ways"
     ),
     ("consumer/dispatch.py", "tracker.finished(tag)"): "the one body of _finished",
     ("consumer/copies.py", "self._finished(tracker, tag)"): (
@@ -83,6 +85,15 @@ AUDITED: dict[tuple[str, str], str] = {
     ): "a delegation: each call of Channel.nack is audited where it is made",
     ("broker/channel.py", "return self._raw.basic_reject(delivery_tag, requeue=requeue)"): (
         "a delegation: each call of Channel.reject is audited where it is made"
+    ),
+    # --- dedupe lanes: verdicts handed back to the dispatcher, which acks through _finished ----
+    ("idempotency/jobs.py", "self.future.set_result((verdict, outcome))"): (
+        "a lane's verdict for one delivery, set only after its batch's COMMIT returned (or the "
+        "rollback: ROLLED_BACK → the retry/park decision) — test_idempotency_lanes.py"
+    ),
+    ("idempotency/lanes.py", "claim.future.set_result((batch, fresh))"): (
+        "hands the claim (new id or duplicate) to the delivery; its verdict waits for the "
+        "batch's COMMIT (Batch.committed) — test_idempotency_lanes.py"
     ),
     # --- publisher confirms: these settle publishes, not deliveries ----------------------------
     ("broker/confirms.py", "outcome.set_result(Outcome.NACKED)"): "a publish's outcome",
