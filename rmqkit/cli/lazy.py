@@ -11,6 +11,7 @@ listing cannot drift from the command), and imports the module only to run it or
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -90,6 +91,20 @@ class LazyGroup(TyperGroup):
             return typer.core.TyperCommand(name=cmd_name, help=lazy.summary())
         self._loaded[cmd_name] = lazy.load()
         return self._loaded[cmd_name]
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except typer.TyperException as exc:  # click's UsageError: "No such command"
+            # typer suggests from the commands it holds: the lazy ones are not among them.
+            message = getattr(exc, "message", None)
+            if self.suggest_commands and args and isinstance(message, str):
+                names = [c.name for c in self.LAZY]
+                matches = difflib.get_close_matches(args[0], names)
+                if matches and "Did you mean" not in message:
+                    suggestions = ", ".join(repr(m) for m in matches)
+                    exc.message = f"{message.rstrip('.')}. Did you mean {suggestions}?"
+            raise
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         self._listing = True

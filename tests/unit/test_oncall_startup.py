@@ -57,3 +57,11 @@ def test_the_listed_help_is_the_commands_own(lazy: object) -> None:
     summary = lazy.summary()
     assert summary, lazy
     assert summary == lazy.load().help
+
+
+def test_a_mistyped_command_still_gets_a_suggestion() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqkit", "stauts"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 2
+    assert "Did you mean 'status'?" in done.stderr
