@@ -47,12 +47,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, nullcontext
+from typing import Any
 
 import aiormq.abc
 import aiormq.exceptions
 from aio_pika.abc import AbstractConnection
 
-from rmqkit.broker.amqp import connect, parse_version, raw_connection
+from rmqkit.broker.amqp import amqp_errors_mapped, connect, parse_version, raw_connection
 from rmqkit.broker.channel import CONNECTION_ERRORS, Channel, Delivery, OnDelivery, QueueDepth
 from rmqkit.broker.codec import typed_decoding
 from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
@@ -145,6 +146,37 @@ class Session:
     async def require_exchange(self, exchange: str) -> None:
         """DataError (65) unless ``exchange`` exists (the default exchange always does)."""
         await (await self._probe_channel()).require_exchange(exchange)
+
+    # --- declarations (rmqkit declare) ----------------------------------------------------------
+    async def declare(
+        self,
+        exchanges: list[dict[str, Any]],
+        queues: list[dict[str, Any]],
+        bindings: list[dict[str, Any]],
+    ) -> None:
+        """Declare ``exchanges`` (kwargs of ``exchange.declare``), then ``queues``
+        (``queue.declare``), then ``bindings`` (``queue.bind``, or ``exchange.bind`` when the
+        dict has ``destination``), on one channel of their own. A refusal is mapped to an
+        rmqkit error naming the object (406 → TopologyConflict, 65)."""
+        channel = await self._raw.channel()
+        try:
+            for exchange in exchanges:
+                with amqp_errors_mapped(f"declaring exchange {exchange['exchange']!r}"):
+                    await channel.exchange_declare(**exchange)
+            for queue in queues:
+                with amqp_errors_mapped(f"declaring queue {queue['queue']!r}"):
+                    await channel.queue_declare(**queue)
+            for wanted in bindings:
+                binding = dict(wanted)
+                label = binding.pop("label")
+                with amqp_errors_mapped(f"binding {label}"):
+                    if "destination" in binding:
+                        await channel.exchange_bind(**binding)
+                    else:
+                        await channel.queue_bind(**binding)
+        finally:
+            if not channel.is_closed:
+                await channel.close()
 
     async def exchange_exists(self, exchange: str) -> bool:
         """Whether ``exchange`` exists (the default exchange always does)."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aio_pika.abc import AbstractConnection
 
-from rmqkit.broker.amqp import amqp_errors_mapped, connection, server_version
+from rmqkit.broker.amqp import connection, server_version
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session
 from rmqkit.errors import BrokerUnavailable, TopologyConflict
@@ -122,20 +123,24 @@ async def _blind_plan(
 async def _apply(conn: AbstractConnection, api: ManagementClient | None, plan: Plan) -> None:
     desired: DesiredState = plan.desired
     todo = {(c.kind, c.name) for c in plan.pending}
-    channel = await conn.channel()
-    amqp = await channel.get_underlay_channel()
-    for exchange in desired.exchanges:
-        if ("exchange", exchange.name) in todo:
-            with amqp_errors_mapped(f"declaring exchange {exchange.name!r}"):
-                await amqp.exchange_declare(
-                    exchange=exchange.name,
-                    exchange_type=exchange.type,
-                    durable=exchange.durable,
-                    auto_delete=exchange.auto_delete,
-                    internal=exchange.internal,
-                    arguments=exchange.arguments,
-                )
-    if api is not None:
+    broker = Session.of(conn)  # the declarations go through rmqkit.broker (issue 11)
+    await broker.declare(
+        [
+            {
+                "exchange": exchange.name,
+                "exchange_type": exchange.type,
+                "durable": exchange.durable,
+                "auto_delete": exchange.auto_delete,
+                "internal": exchange.internal,
+                "arguments": exchange.arguments,
+            }
+            for exchange in desired.exchanges
+            if ("exchange", exchange.name) in todo
+        ],
+        [],
+        [],
+    )
+    if api is not None:  # after the exchanges, before the queues: no queue without its wiring
         for policy in desired.policies:
             if ("policy", policy.name) in todo:
                 await api.put_policy(
@@ -145,30 +150,31 @@ async def _apply(conn: AbstractConnection, api: ManagementClient | None, plan: P
                     policy.priority,
                     policy.apply_to,
                 )
-    for queue in desired.queues:
-        if ("queue", queue.name) in todo:
-            with amqp_errors_mapped(f"declaring queue {queue.name!r}"):
-                await amqp.queue_declare(
-                    queue=queue.name, durable=True, arguments=queue.arguments(desired.via)
-                )
+    bindings: list[dict[str, Any]] = []
     for binding in desired.bindings:
         if ("binding", binding.label) in todo:
-            with amqp_errors_mapped(f"binding {binding.label}"):
-                if binding.destination_type == "queue":
-                    await amqp.queue_bind(
-                        queue=binding.destination,
-                        exchange=binding.source,
-                        routing_key=binding.routing_key,
-                        arguments=binding.arguments,
-                    )
-                else:
-                    await amqp.exchange_bind(
-                        destination=binding.destination,
-                        source=binding.source,
-                        routing_key=binding.routing_key,
-                        arguments=binding.arguments,
-                    )
-    await channel.close()
+            ends = (
+                {"queue": binding.destination, "exchange": binding.source}
+                if binding.destination_type == "queue"
+                else {"destination": binding.destination, "source": binding.source}
+            )
+            bindings.append(
+                {
+                    "label": binding.label,
+                    **ends,
+                    "routing_key": binding.routing_key,
+                    "arguments": binding.arguments,
+                }
+            )
+    await broker.declare(
+        [],
+        [
+            {"queue": queue.name, "durable": True, "arguments": queue.arguments(desired.via)}
+            for queue in desired.queues
+            if ("queue", queue.name) in todo
+        ],
+        bindings,
+    )
 
 
 __all__ = ["DeclareResult", "LiveState", "declare_topology", "plan_topology"]
