@@ -64,3 +64,21 @@ async def effect_outside(message: rmqkit.Message) -> None:
     from tests.handlers import record
 
     record(message.message_id, message.attempt, "effect")
+
+
+def _flag(message: rmqkit.Message, name: str) -> bool:
+    return bool(message.body and json.loads(message.body).get(name))
+
+
+async def apply_may_end_tx(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
+    """``apply``, but a message with {"commit": true} / {"rollback": true} ends the given
+    transaction itself (what the docs forbid, as a careless handler would)."""
+    q = dialect_of(tx).q
+    await tx.execute(
+        q("INSERT INTO business (message_id, attempt) VALUES (?, ?)"),
+        (message.message_id, message.attempt),
+    )
+    if _flag(message, "commit"):
+        await tx.execute("COMMIT")
+    if _flag(message, "rollback"):
+        await tx.execute("ROLLBACK")

@@ -74,6 +74,15 @@ class LaneConnection:
         connection = getattr(self.handle, "sync", self.handle)  # rmqkit's async SQLite wraps one
         return bool(getattr(connection, "in_transaction", True))
 
+    def ended(self) -> bool:
+        """Whether no transaction is open any more (ended by COMMIT/ROLLBACK, not aborted)."""
+        info = getattr(self.handle, "info", None)
+        status = getattr(info, "transaction_status", None)
+        if status is not None:
+            return bool(status.name == "IDLE")
+        connection = getattr(self.handle, "sync", self.handle)
+        return not bool(getattr(connection, "in_transaction", True))
+
     async def abandon(self) -> None:
         """Close a connection a timed-out handler may still be using (its thread cannot be
         stopped): interrupt what runs on it, then close it, which rolls its transaction back

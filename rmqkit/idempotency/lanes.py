@@ -276,9 +276,11 @@ class DedupeLanes(Generic[R]):
             # One savepoint per message. The previous one is released together with the next
             # SAVEPOINT (one round trip on PostgreSQL); COMMIT releases the last one.
             opened = False
-            for index in pending:
+            for position, index in enumerate(pending):
                 results[index] = await self._in_savepoint(conn, jobs[index], opened)
                 opened = True
+                if not conn.in_transaction():
+                    await self._ended_by_handler(conn, jobs, pending[position:])
         elif len(pending) == 1:
             index = pending[0]
             results[index] = await self._settle(conn, jobs[index], await jobs[index].call(None))
@@ -294,6 +296,28 @@ class DedupeLanes(Generic[R]):
         await conn.execute("COMMIT")
         self.transactions += 1
         return results
+
+    async def _ended_by_handler(
+        self, conn: LaneConnection, jobs: list[Job[R]], pending: list[int]
+    ) -> None:
+        """The handler of ``jobs[pending[0]]`` ended the transaction itself (or left it
+        aborted). A COMMIT there also committed the ids of the batch's messages whose handlers
+        have not run yet (all ids are recorded up front): delete them again, or the batch's
+        rerun would take them for duplicates and their effects would be lost. Then raise: the
+        batch is run again one message at a time (what committed is then a duplicate)."""
+        if conn.ended():
+            rogue = jobs[pending[0]].message_id
+            committed = await conn.fetch(
+                self._dialect.q(f"SELECT 1 FROM {PROCESSED_TABLE} WHERE message_id = ?"), (rogue,)
+            )
+            # After a ROLLBACK nothing of the batch is left: nothing to delete (and an id a
+            # concurrent consumer recorded since must not be).
+            for index in pending[1:] if committed else []:
+                await conn.execute(forget_sql(self._dialect), (jobs[index].message_id,))
+        raise RuntimeError(
+            "the transaction was aborted or ended inside a handler (an SQL error it caught, "
+            "or its own COMMIT/ROLLBACK): the batch is run again, one message at a time"
+        )
 
     async def _settle(
         self, conn: LaneConnection, job: Job[R], outcome: R

@@ -1,0 +1,119 @@
+"""On-call attacks on `rmqkit consume --dedupe` (issue 13): try to lose, duplicate or misroute
+a message, with the real broker and a real store (PostgreSQL schema, SQLite file); every effect
+is counted in the database (business rows per id) and every queue's depth on the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rmqkit.idempotency import init_store
+from tests import broker
+from tests.consumer_harness import ConsumerProcess, wait_until
+from tests.dedupe_harness import business_tables, query, store_dsn
+
+WORK, WAIT, PARKING = "dda.work", "dda.work.wait.1s", "dda.work.parking"
+TOPOLOGY = """
+[exchanges.dda]
+type = "direct"
+
+[queues."dda.work"]
+bind = [{ exchange = "dda", routing_key = "dda" }]
+retry_delays = ["1s"]
+max_attempts = 3
+delivery_limit = 50
+prefetch = 100
+"""
+HANDLERS = "tests.dedupe_handlers"
+
+
+@pytest.fixture
+def topology(tmp_path: Path) -> str:
+    path = tmp_path / "dda.toml"
+    path.write_text(TOPOLOGY)
+    return str(path)
+
+
+@pytest.fixture
+def vhost(fresh_vhost: object, topology: str) -> str:
+    made: str = fresh_vhost()  # type: ignore[operator]
+    result = broker.cli("declare", topology, vhost=made)
+    assert result.returncode == 0, result.stderr
+    return made
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with store_dsn(request.param, tmp_path) as made:
+        init_store(made)
+        business_tables(made)
+        yield made
+
+
+def _consumer(
+    vhost: str, tmp_path: Path, topology: str, dsn: str, handler: str, *args: str
+) -> ConsumerProcess:
+    ledger = tmp_path / f"c-{uuid.uuid4().hex[:6]}.db"
+    return ConsumerProcess(
+        vhost,
+        ledger,
+        "--dedupe",
+        dsn,
+        *args,
+        handler=f"{HANDLERS}:{handler}",
+        queue=WORK,
+        topology=topology,
+    )
+
+
+def _depths(vhost: str) -> dict[str, int | None]:
+    return broker.depths(vhost, broker.queue_names(vhost))
+
+
+def _empty(vhost: str) -> bool:
+    return all(v == 0 for v in _depths(vhost).values())
+
+
+def _per_id(dsn: str) -> dict[str, int]:
+    return dict(query(dsn, "SELECT message_id, count(*) FROM business GROUP BY message_id"))
+
+
+@pytest.mark.parametrize("end", ["commit", "rollback"])
+def test_a_handler_ending_the_transaction_itself_loses_no_other_message(
+    end: str,
+    dsn: str,
+    vhost: str,
+    topology: str,
+    tmp_path: Path,
+    consumers: list[ConsumerProcess],
+) -> None:
+    """A careless handler runs COMMIT (or ROLLBACK) on the given Transaction in the middle of
+    a batch. The ids of the batch's other messages were recorded up front: a COMMIT made them
+    permanent before their handlers ran. Each id must still end with exactly one business row
+    (the rogue one included, if its COMMIT kept it), and nothing left on the broker."""
+    ids = [f"m{i:03d}" for i in range(60)]
+    rogue = {ids[5], ids[30]}
+    body = {m: json.dumps({end: m in rogue}).encode() for m in ids}
+    broker.publish_with_ids(vhost, "dda", "dda", [(m, body[m]) for m in ids])
+    consumer = _consumer(vhost, tmp_path, topology, dsn, "apply_may_end_tx")
+    consumers.append(consumer)
+    # A handler that always rolls back never takes effect: it ends parked (its own failure),
+    # and it takes nobody else with it. One that commits: its COMMIT kept its row and id.
+    parked = len(rogue) if end == "rollback" else 0
+    expected = {name: 0 for name in broker.queue_names(vhost)} | {PARKING: parked}
+    assert wait_until(lambda: _depths(vhost) == expected, 40), (
+        _depths(vhost),
+        consumer.output()[-3000:],
+    )
+    assert consumer.stop() == 0
+    per_id = _per_id(dsn)
+    assert {m: per_id.get(m, 0) for m in ids} == {
+        m: int(m not in rogue or end == "commit") for m in ids
+    }, consumer.output()[-3000:]
+    processed = {row[0] for row in query(dsn, "SELECT message_id FROM rmqkit_processed")}
+    assert processed >= set(ids) - rogue
