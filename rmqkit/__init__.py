@@ -1,8 +1,16 @@
-"""rmqkit: RabbitMQ consumers that lose nothing and never loop on poison."""
+"""rmqkit: RabbitMQ consumers that lose nothing and never loop on poison.
 
-from rmqkit import outbox  # rmqkit.outbox.add(conn, ...): the transactional outbox
+The public names below load on first use (PEP 562): ``import rmqkit`` stays cheap, so the CLI
+starts fast (`rmqkit --help`, issue 14) and a web app that only calls ``rmqkit.outbox.add``
+does not import the consumer. ``from rmqkit import X`` and ``rmqkit.X`` work as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from rmqkit._version import __version__
-from rmqkit.consumer.message import Message, Permanent, Retry
 from rmqkit.errors import (
     AccessRefused,
     BrokerError,
@@ -19,8 +27,39 @@ from rmqkit.errors import (
     UnsupportedDependency,
     UsageError,
 )
-from rmqkit.idempotency.record import Transaction
-from rmqkit.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from rmqkit import outbox
+    from rmqkit.consumer.message import Message, Permanent, Retry
+    from rmqkit.idempotency.record import Transaction
+    from rmqkit.settings import Settings, load_settings
+
+# public name -> (module, attribute); attribute None: the module itself
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "outbox": ("rmqkit.outbox", None),  # rmqkit.outbox.add(conn, ...): the transactional outbox
+    "Message": ("rmqkit.consumer.message", "Message"),
+    "Permanent": ("rmqkit.consumer.message", "Permanent"),
+    "Retry": ("rmqkit.consumer.message", "Retry"),
+    "Transaction": ("rmqkit.idempotency.record", "Transaction"),
+    "Settings": ("rmqkit.settings", "Settings"),
+    "load_settings": ("rmqkit.settings", "load_settings"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'rmqkit' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "AccessRefused",
