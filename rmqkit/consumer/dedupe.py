@@ -34,6 +34,7 @@ from rmqkit.consumer.message import Message
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.errors import ConfigError, UsageError
+from rmqkit.guard import NO_VERSION
 from rmqkit.idempotency import (
     DedupeLanes,
     HandlerEnd,
@@ -155,6 +156,11 @@ class DedupeStep:
                 version = int(version)
         if isinstance(version, bool) or not isinstance(version, int):
             return f"the ordering version header {self._version_header!r} is not an integer"
+        if not NO_VERSION < version < 2**63:  # the column is BIGINT; NO_VERSION means "none"
+            return (
+                f"the ordering version header {self._version_header!r} is {version}: "
+                "out of the 64-bit range"
+            )
         return OrderKey(key, version)
 
     async def handle(self, message: Message) -> Outcome:

@@ -117,3 +117,51 @@ def test_a_handler_ending_the_transaction_itself_loses_no_other_message(
     }, consumer.output()[-3000:]
     processed = {row[0] for row in query(dsn, "SELECT message_id FROM rmqkit_processed")}
     assert processed >= set(ids) - rogue
+
+
+def test_ordering_guard_bad_headers_are_parked_with_a_reason_not_looped(
+    dsn: str, vhost: str, topology: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """Equal versions: the second is stale (acked, no effect). A missing, non-integer or
+    out-of-range (beyond 64 bits) version: parked at once as undecodable with a reason that
+    names the header — not retried through the wait queue until exhausted."""
+    cases: list[tuple[str, dict[str, object]]] = [
+        ("v1", {"k": "a", "v": 1}),
+        ("v1-again", {"k": "a", "v": 1}),  # another message, the same version
+        ("v2-text", {"k": "a", "v": "2"}),  # a number as text is fine
+        ("no-version", {"k": "a"}),
+        ("not-int", {"k": "a", "v": "abc"}),
+        ("float", {"k": "a", "v": 3.5}),
+        ("huge", {"k": "a", "v": str(2**70)}),
+        ("min", {"k": "a", "v": str(-(2**63))}),
+    ]
+    broker.publish_with_ids(
+        vhost, "dda", "dda", [(m, b"{}") for m, _ in cases], headers=lambda i: cases[i][1]
+    )
+    consumer = _consumer(
+        vhost,
+        tmp_path,
+        topology,
+        dsn,
+        "set_state",
+        "--order-key-header",
+        "k",
+        "--order-version-header",
+        "v",
+    )
+    consumers.append(consumer)
+    bad = {"no-version", "not-int", "float", "huge", "min"}
+    expected = {name: 0 for name in broker.queue_names(vhost)} | {PARKING: len(bad)}
+    assert wait_until(lambda: _depths(vhost) == expected, 20), (
+        _depths(vhost),
+        consumer.output()[-3000:],
+    )
+    assert consumer.stop() == 0
+    parked = {p["message_id"]: p["headers"] for p in broker.drain(vhost, PARKING)}
+    assert set(parked) == bad
+    for headers in parked.values():
+        assert headers["rmqkit-park-reason"] == "undecodable"
+        assert headers["rmqkit-attempt"] == 1 if "rmqkit-attempt" in headers else True
+        assert "'v'" in str(headers.get("rmqkit-error-message", "")), headers
+    assert query(dsn, "SELECT k, version FROM applied ORDER BY version") == [("a", 1), ("a", 2)]
+    assert dict(query(dsn, "SELECT key, version FROM rmqkit_versions")) == {"a": 2}
