@@ -82,3 +82,11 @@ async def apply_may_end_tx(message: rmqkit.Message, tx: rmqkit.Transaction) -> N
         await tx.execute("COMMIT")
     if _flag(message, "rollback"):
         await tx.execute("ROLLBACK")
+
+
+async def apply_slow(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
+    """``apply`` taking a few milliseconds (a run long enough to be interrupted)."""
+    import asyncio
+
+    await apply(message, tx)
+    await asyncio.sleep(0.004)

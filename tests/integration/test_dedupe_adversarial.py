@@ -6,6 +6,7 @@ is counted in the database (business rows per id) and every queue's depth on the
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from rmqkit.idempotency import init_store
 from tests import broker
 from tests.consumer_harness import ConsumerProcess, wait_until
-from tests.dedupe_harness import business_tables, query, store_dsn
+from tests.dedupe_harness import business_tables, pg_schema_dsn, query, store_dsn
 
 WORK, WAIT, PARKING = "dda.work", "dda.work.wait.1s", "dda.work.parking"
 TOPOLOGY = """
@@ -165,3 +166,60 @@ def test_ordering_guard_bad_headers_are_parked_with_a_reason_not_looped(
         assert "'v'" in str(headers.get("rmqkit-error-message", "")), headers
     assert query(dsn, "SELECT k, version FROM applied ORDER BY version") == [("a", 1), ("a", 2)]
     assert dict(query(dsn, "SELECT key, version FROM rmqkit_versions")) == {"a": 2}
+
+
+def _close_broker_connections(vhost: str) -> int:
+    """rabbitmqctl close_all_connections -p VHOST (the management API's list lags behind)."""
+    done = broker.rabbitmqctl("close_all_connections", "-p", vhost, "xatk: on-call closed it")
+    return int(done.returncode == 0)
+
+
+def test_store_backends_terminated_and_broker_connections_closed_mid_run(
+    vhost: str, topology: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """PostgreSQL: the consumer's backends are terminated (pg_terminate_backend) every 0.3 s —
+    before a commit, mid-batch, between commit and ack — and the broker closes its connections
+    every 0.8 s (after a commit, before its ack: the redelivery must be a duplicate). At the end
+    every id has exactly one business row and no queue holds anything."""
+    app = f"xatk_{uuid.uuid4().hex[:8]}"
+    with pg_schema_dsn() as base:
+        dsn = f"{base}&application_name={app}"
+        init_store(dsn)
+        business_tables(dsn)
+        ids = [f"t{i:05d}" for i in range(1500)]
+        broker.publish_with_ids(vhost, "dda", "dda", [(m, b"{}") for m in ids])
+        consumer = _consumer(vhost, tmp_path, topology, dsn, "apply_slow")
+        consumers.append(consumer)
+        stop = threading.Event()
+        hits = {"pg": 0, "amqp": 0}
+
+        def attack() -> None:
+            tick = 0
+            while not stop.wait(0.3):
+                tick += 1
+                hits["pg"] += len(
+                    query(
+                        base,
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE application_name = %s",
+                        (app,),
+                    )
+                )
+                if tick % 4 == 0:
+                    hits["amqp"] += _close_broker_connections(vhost)
+
+        attacker = threading.Thread(target=attack, daemon=True)
+        attacker.start()
+        try:
+            wait_until(lambda: len(_per_id(dsn)) >= len(ids) * 0.8, 8)  # attacks: 8 s at most
+        finally:
+            stop.set()
+            attacker.join()
+        assert wait_until(lambda: _empty(vhost), 60), (_depths(vhost), consumer.output()[-3000:])
+        assert wait_until(lambda: len(_per_id(dsn)) == len(ids), 30)
+        assert consumer.stop() == 0
+        per_id = _per_id(dsn)
+        assert set(per_id) == set(ids) and set(per_id.values()) == {1}, "an effect twice"
+        assert hits["pg"] >= 3 and hits["amqp"] >= 1, hits
+        logs = consumer.output()
+        print(f"\n{hits}, duplicates logged: {logs.count('duplicate: already')}")
