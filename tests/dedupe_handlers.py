@@ -90,3 +90,27 @@ async def apply_slow(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
 
     await apply(message, tx)
     await asyncio.sleep(0.004)
+
+
+def hang_once_sync(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
+    """``apply_sync``; a message with {"hang": true} then sleeps 3 s on its first attempt
+    (past --handler-timeout) holding its write, and tries one more write after waking."""
+    import time
+
+    apply_sync(message, tx)
+    if _flag(message, "hang") and message.attempt == 1:
+        time.sleep(3)
+        tx.execute(
+            dialect_of(tx).q("INSERT INTO business (message_id, attempt) VALUES (?, ?)"),
+            (message.message_id, -1),
+        )
+
+
+async def apply_unless_switched_off(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
+    """``apply``, but fails (after writing) while the state table holds k='broken'."""
+    await apply(message, tx)
+    cursor = await tx.execute(
+        dialect_of(tx).q("SELECT count(*) FROM state WHERE k = ?"), ("broken",)
+    )
+    if (await cursor.fetchall())[0][0]:
+        raise ConnectionError("downstream is broken")

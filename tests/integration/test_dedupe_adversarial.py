@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,3 +224,48 @@ def test_store_backends_terminated_and_broker_connections_closed_mid_run(
         assert hits["pg"] >= 3 and hits["amqp"] >= 1, hits
         logs = consumer.output()
         print(f"\n{hits}, duplicates logged: {logs.count('duplicate: already')}")
+
+
+def test_a_sync_handler_hanging_past_its_timeout_with_a_write_rolls_back_and_blocks_no_one(
+    dsn: str, vhost: str, topology: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """A plain def handler writes, then hangs past --handler-timeout holding the lock (its
+    thread cannot be stopped) and writes again when it wakes. The timeout must roll back its
+    write and its id (the retry applies it once) and the other messages must not wait for it."""
+    ids = [f"h{i:03d}" for i in range(100)]
+    body = {m: json.dumps({"hang": m == "h000"}).encode() for m in ids}
+    broker.publish_with_ids(vhost, "dda", "dda", [(m, body[m]) for m in ids])
+    consumer = _consumer(
+        vhost, tmp_path, topology, dsn, "hang_once_sync", "--handler-timeout", "1s"
+    )
+    consumers.append(consumer)
+    others = set(ids) - {"h000"}
+    assert wait_until(lambda: others <= set(_per_id(dsn)), 20), consumer.output()[-3000:]
+    assert wait_until(lambda: _empty(vhost), 30), (_depths(vhost), consumer.output()[-3000:])
+    time.sleep(2.5)  # the hung thread wakes and tries its second write
+    assert consumer.stop() == 0
+    rows = query(dsn, "SELECT message_id, attempt FROM business")
+    assert sorted(rows) == sorted([(m, 1) for m in others] + [("h000", 2)]), rows
+
+
+def test_retried_and_parked_then_replayed_messages_are_applied_not_swallowed(
+    dsn: str, vhost: str, topology: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """While downstream is broken every attempt writes and fails: the id must not be recorded
+    (or the retry copy, then the replayed one, would be dropped as a duplicate). After
+    `rmqkit parking replay` each message is applied exactly once."""
+    query(dsn, "INSERT INTO state (k, version) VALUES ('broken', 1)")
+    ids = [f"r{i:02d}" for i in range(10)]
+    broker.publish_with_ids(vhost, "dda", "dda", [(m, b"{}") for m in ids])
+    consumer = _consumer(vhost, tmp_path, topology, dsn, "apply_unless_switched_off")
+    consumers.append(consumer)
+    parked = {name: 0 for name in broker.queue_names(vhost)} | {PARKING: len(ids)}
+    assert wait_until(lambda: _depths(vhost) == parked, 30), consumer.output()[-3000:]
+    assert query(dsn, "SELECT count(*) FROM business")[0][0] == 0
+    assert query(dsn, "SELECT count(*) FROM rmqkit_processed")[0][0] == 0
+    query(dsn, "DELETE FROM state WHERE k = 'broken'")
+    replay = broker.cli("parking", "replay", PARKING, vhost=vhost)
+    assert replay.returncode == 0, replay.stderr
+    assert wait_until(lambda: _empty(vhost), 20), (_depths(vhost), consumer.output()[-3000:])
+    assert consumer.stop() == 0
+    assert _per_id(dsn) == {m: 1 for m in ids}
