@@ -6,6 +6,7 @@ is counted in the database (business rows per id) and every queue's depth on the
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 import uuid
@@ -269,3 +270,47 @@ def test_retried_and_parked_then_replayed_messages_are_applied_not_swallowed(
     assert wait_until(lambda: _empty(vhost), 20), (_depths(vhost), consumer.output()[-3000:])
     assert consumer.stop() == 0
     assert _per_id(dsn) == {m: 1 for m in ids}
+
+
+def test_sqlite_two_consumers_of_two_processes_while_pruning(
+    vhost: str, topology: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """One SQLite file, two consumers of --processes 2 --concurrency 20 each (four writers),
+    the publisher re-sending 10% of ids, and `dedupe prune --batch 500` deleting 40,000 old
+    ids in a loop meanwhile: 'database is locked' must neither lose nor loop a message. Then a
+    prune shorter than the window is done but warned about."""
+    with store_dsn("sqlite", tmp_path) as dsn:
+        init_store(dsn)
+        business_tables(dsn)
+        old = time.time() - 30 * 86400
+        query(dsn, "SELECT 1")
+        db = sqlite3.connect(dsn.removeprefix("sqlite:///"))
+        with db:
+            db.executemany(
+                "INSERT INTO rmqkit_processed (message_id, queue, processed_at) VALUES (?, ?, ?)",
+                ((f"old-{i}", WORK, old) for i in range(40_000)),
+            )
+        db.close()
+        ids = [f"s{i:04d}" for i in range(4000)]
+        messages = [(m, b"{}") for m in ids] + [(m, b"{}") for m in ids[::10]]
+        broker.publish_with_ids(vhost, "dda", "dda", messages)
+        flags = ("--processes", "2", "--concurrency", "20")
+        for handler in ("apply", "apply_sync"):
+            consumers.append(_consumer(vhost, tmp_path, topology, dsn, handler, *flags))
+        prunes = []
+        while len(_per_id(dsn)) < len(ids) and len(prunes) < 20:
+            prunes.append(broker.cli("dedupe", "prune", "--dsn", dsn, "--batch", "500"))
+        assert all(p.returncode == 0 for p in prunes), [p.stderr for p in prunes]
+        assert wait_until(lambda: _empty(vhost), 60), (
+            _depths(vhost),
+            consumers[0].output()[-2000:],
+        )
+        assert all(c.stop() == 0 for c in consumers)
+        logs = "".join(c.output() for c in consumers)
+        print(f"\nstore failures logged: {logs.count('dedupe store failed')}")
+        assert _per_id(dsn) == {m: 1 for m in ids}
+        if prunes:  # the loop ran while the consumers worked
+            assert query(dsn, "SELECT count(*) FROM rmqkit_processed")[0][0] == len(ids)
+        print(f"\n{len(prunes)} prunes: {[p.stdout.strip()[:80] for p in prunes]}")
+        short = broker.cli("dedupe", "prune", "--dsn", dsn, "--older-than", "1s")
+        assert short.returncode == 0 and "younger than the window" in short.stderr, short
