@@ -9,6 +9,7 @@ from the tests. The ordering handlers read the key and version from the headers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import rmqkit
@@ -82,6 +83,9 @@ async def apply_may_end_tx(message: rmqkit.Message, tx: rmqkit.Transaction) -> N
         await tx.execute("COMMIT")
     if _flag(message, "rollback"):
         await tx.execute("ROLLBACK")
+    if _flag(message, "swallow"):  # an SQL error caught: PostgreSQL's transaction is aborted
+        with contextlib.suppress(Exception):
+            await tx.execute("SELECT * FROM no_such_table_xatk")
 
 
 async def apply_slow(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
