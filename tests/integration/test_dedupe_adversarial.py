@@ -317,3 +317,28 @@ def test_sqlite_two_consumers_of_two_processes_while_pruning(
         print(f"\n{len(prunes)} prunes: {[p.stdout.strip()[:80] for p in prunes]}")
         short = broker.cli("dedupe", "prune", "--dsn", dsn, "--older-than", "1s")
         assert short.returncode == 0 and "younger than the window" in short.stderr, short
+
+
+def test_an_empty_message_id_is_parked_and_a_reused_one_is_a_duplicate(
+    dsn: str, vhost: str, topology: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """'' is no id: parked missing_message_id, not recorded. A message_id reused by a
+    different message is a duplicate (the documented consequence): acked, never applied."""
+    broker.publish_exact(
+        vhost,
+        "dda",
+        [
+            ("dda", "", b"{}", {}),
+            ("dda", "same", b'{"n": 1}', {}),
+            ("dda", "same", b'{"n": 2}', {}),
+        ],
+    )
+    consumer = _consumer(vhost, tmp_path, topology, dsn, "apply")
+    consumers.append(consumer)
+    expected = {name: 0 for name in broker.queue_names(vhost)} | {PARKING: 1}
+    assert wait_until(lambda: _depths(vhost) == expected, 20), consumer.output()[-3000:]
+    assert consumer.stop() == 0
+    [parked] = broker.drain(vhost, PARKING)
+    assert parked["headers"]["rmqkit-park-reason"] == "missing_message_id"
+    assert _per_id(dsn) == {"same": 1}
+    assert query(dsn, "SELECT message_id FROM rmqkit_processed") == [("same",)]
