@@ -1,9 +1,19 @@
-"""Shared fixtures: each integration test module gets its own vhost, deleted afterwards."""
+"""Shared fixtures: each integration test module gets its own vhost, deleted afterwards.
+
+Also the lanes lock: .ci/run runs two pytest runs at once, each on its own broker, and sets
+RMQKIT_TEST_LANES to a directory both see. A test whose assertions measure time (retry delays,
+jitter windows, exits within a grace period) or that is not vetted for running beside another
+run takes the lock exclusively, so it runs while the other run is between tests, as in a run of
+its own; every other test takes it shared. Unset (a run of its own), nothing is locked.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import fcntl
+import os
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -12,6 +22,79 @@ from tests import broker
 from tests.consumer_harness import JOBS, ConsumerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Modules that may run while the other lane runs a test: checked to assert on what the broker
+# or a file holds, never on how long something took. Anything else (unit tests included, and
+# any module added later until it is checked and listed here) runs alone.
+MAY_OVERLAP = frozenset(
+    f"tests.integration.test_{name}"
+    for name in [
+        "broker_versions",
+        "browse",
+        "codec_roundtrip",
+        "confirms",
+        "conflicts_and_errors",
+        "dependency_contract",
+        "doctor",
+        "export",
+        "file_safety",
+        "newest_death",
+        "parking",
+        "parking_operator",
+        "parking_transfer",
+        "publish",
+        "replay_returns",
+        "replay_routing",
+        "status",
+    ]
+)
+
+
+_HELD: list[tuple[TextIO, bool]] = []  # this run's hold of the lanes lock: (file, exclusive)
+
+
+def _may_overlap(item: pytest.Item) -> bool:
+    return getattr(getattr(item, "module", None), "__name__", "") in MAY_OVERLAP
+
+
+def _take_lanes_lock(where: Path, exclusive: bool) -> None:
+    """Shared or exclusive hold of the lanes lock. A turnstile (taken and let go before the
+    lock itself) keeps shared holders from starving an exclusive one: once it waits, the
+    other lane's next test waits behind it."""
+    lanes = (where / "lanes.lock").open("a")
+    with (where / "turnstile.lock").open("a") as gate:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lanes, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    _HELD.append((lanes, exclusive))
+
+
+def _let_go_of_lanes_lock() -> None:
+    while _HELD:
+        lanes, _ = _HELD.pop()
+        fcntl.flock(lanes, fcntl.LOCK_UN)
+        lanes.close()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Each test's setup, call and teardown (module fixtures included) under the lanes lock
+    (RMQKIT_TEST_LANES): shared for a test that may overlap, let go after it; exclusive for any
+    other, kept while the next test needs it too (a run of unit tests waits for the other
+    lane once, not once per test). Outermost (tryfirst): waiting is not counted by
+    pytest-timeout."""
+    where = os.environ.get("RMQKIT_TEST_LANES")
+    if not where:
+        return (yield)
+    exclusive = not _may_overlap(item)
+    if _HELD and _HELD[0][1] != exclusive:
+        _let_go_of_lanes_lock()
+    if not _HELD:
+        _take_lanes_lock(Path(where), exclusive)
+    try:
+        return (yield)
+    finally:
+        if not (exclusive and nextitem is not None and not _may_overlap(nextitem)):
+            _let_go_of_lanes_lock()
 
 
 @pytest.fixture(scope="module")
