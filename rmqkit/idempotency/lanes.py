@@ -84,6 +84,12 @@ class DedupeLanes(Generic[R]):
                 ("",),
             )
         except Exception as exc:
+            # Unreachable or cut off (a failover, a terminated backend, SQLite locked) is not
+            # "never initialised": DatabaseUnavailable (69, a worker is restarted), not 78
+            # (fatal: the supervisor would stop every worker).
+            unavailable = map_db_error(exc, self._dsn)
+            if unavailable is not None:
+                raise unavailable from None
             raise ConfigError(
                 f"the dedupe store {self._dsn.masked} is not ready ({_first_line(exc)}) — run "
                 f"`rmqkit dedupe init --dsn {self._dsn.masked}` first"

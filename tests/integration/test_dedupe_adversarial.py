@@ -213,6 +213,8 @@ def test_store_backends_terminated_and_broker_connections_closed_mid_run(
                 if tick % 4 == 0:
                     hits["amqp"] += _close_broker_connections(vhost)
 
+        # Attacks begin once it consumes (a backend cut during its start-up check exits 69).
+        assert wait_until(lambda: len(_per_id(dsn)) > 0, 30), consumer.output()[-3000:]
         attacker = threading.Thread(target=attack, daemon=True)
         attacker.start()
         try:

@@ -228,3 +228,28 @@ def test_a_broken_transaction_reruns_each_message_alone(dsn: str) -> None:
     assert business(dsn) == Counter(f"b-{i}" for i in range(10))
     recorded = {row[0] for row in query(dsn, "SELECT message_id FROM rmqkit_processed")}
     assert recorded == {f"b-{i}" for i in range(10)}
+
+
+def test_a_store_cut_off_at_start_is_unavailable_not_uninitialised() -> None:
+    """The start-up probe's backend terminated (a failover while a worker restarts):
+    DatabaseUnavailable (69: the supervisor restarts the worker), not ConfigError 78 'run
+    dedupe init' (fatal: it stopped every worker of the consumer)."""
+    from rmqkit.errors import DatabaseUnavailable
+    from tests.dedupe_harness import pg_schema_dsn
+
+    async def scenario(dsn: str) -> None:
+        lanes: DedupeLanes[str] = DedupeLanes(LaneOptions(dsn=dsn, queue="q"), judge)
+        real_open = lanes._open
+
+        async def open_then_cut() -> Any:
+            conn = await real_open()
+            query(dsn, "SELECT pg_terminate_backend(%s)", (conn.handle.info.backend_pid,))
+            return conn
+
+        lanes._open = open_then_cut  # type: ignore[method-assign]
+        with pytest.raises(DatabaseUnavailable):
+            await lanes.start()
+
+    with pg_schema_dsn() as dsn:
+        init_store(dsn)
+        asyncio.run(scenario(dsn))
