@@ -97,13 +97,13 @@ async def apply_slow(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
 
 
 def hang_once_sync(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
-    """``apply_sync``; a message with {"hang": true} then sleeps 3 s on its first attempt
+    """``apply_sync``; a message with {"hang": true} then sleeps 2 s on its first attempt
     (past --handler-timeout) holding its write, and tries one more write after waking."""
     import time
 
     apply_sync(message, tx)
     if _flag(message, "hang") and message.attempt == 1:
-        time.sleep(3)
+        time.sleep(2)
         tx.execute(
             dialect_of(tx).q("INSERT INTO business (message_id, attempt) VALUES (?, ?)"),
             (message.message_id, -1),
@@ -118,3 +118,10 @@ async def apply_unless_switched_off(message: rmqkit.Message, tx: rmqkit.Transact
     )
     if (await cursor.fetchall())[0][0]:
         raise ConnectionError("downstream is broken")
+
+
+def apply_sync_may_commit(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
+    """``apply_sync``; a message with {"sync-commit": true} calls the driver's commit()."""
+    apply_sync(message, tx)
+    if _flag(message, "sync-commit"):
+        tx.commit()  # type: ignore[attr-defined]
