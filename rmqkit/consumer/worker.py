@@ -98,7 +98,7 @@ async def _main(
         await server.start()
     beat = asyncio.create_task(_heartbeat(metrics))
     try:
-        if consumer.dedupe is not None:  # the store answers and is initialised, or exit 78
+        if consumer.dedupe is not None:  # initialised (else 78, fatal) and answering (else 69)
             await consumer.dedupe.start()
         await consumer.run()
     finally:
