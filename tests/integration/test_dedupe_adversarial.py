@@ -189,7 +189,7 @@ def test_store_backends_terminated_and_broker_connections_closed_mid_run(
     every id has exactly one business row and no queue holds anything."""
     app = f"xatk_{uuid.uuid4().hex[:8]}"
     with pg_schema_dsn() as base:
-        dsn = f"{base}&application_name={app}"
+        dsn = f"{base}&application_name={app}"  # the consumer's; the test reads via base
         init_store(dsn)
         business_tables(dsn)
         ids = [f"t{i:05d}" for i in range(1000)]
@@ -215,18 +215,18 @@ def test_store_backends_terminated_and_broker_connections_closed_mid_run(
                     hits["amqp"] += _close_broker_connections(vhost)
 
         # Attacks begin once it consumes (a backend cut during its start-up check exits 69).
-        assert wait_until(lambda: len(_per_id(dsn)) > 0, 30), consumer.output()[-3000:]
+        assert wait_until(lambda: len(_per_id(base)) > 0, 30), consumer.output()[-3000:]
         attacker = threading.Thread(target=attack, daemon=True)
         attacker.start()
         try:
-            wait_until(lambda: len(_per_id(dsn)) >= len(ids) * 0.8, 6)  # attacks: 6 s at most
+            wait_until(lambda: len(_per_id(base)) >= len(ids) * 0.8, 6)  # attacks: 6 s at most
         finally:
             stop.set()
             attacker.join()
         assert wait_until(lambda: _empty(vhost), 60), (_depths(vhost), consumer.output()[-3000:])
-        assert wait_until(lambda: len(_per_id(dsn)) == len(ids), 30)
+        assert wait_until(lambda: len(_per_id(base)) == len(ids), 30)
         assert consumer.stop() == 0
-        per_id = _per_id(dsn)
+        per_id = _per_id(base)
         assert set(per_id) == set(ids) and set(per_id.values()) == {1}, "an effect twice"
         assert hits["pg"] >= 3 and hits["amqp"] >= 1, hits
         logs = consumer.output()
