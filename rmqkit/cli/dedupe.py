@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from rmqkit.cli.render import print_json, stderr, stdout
+from rmqkit.durations import age_text
 from rmqkit.errors import UsageError
 from rmqkit.idempotency import (
     DEFAULT_BATCH,
@@ -33,12 +34,15 @@ def _window(text: str | None, flag: str) -> float | None:
 
 
 def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit} ago"
-    return f"{seconds:.0f}s ago"
+    return "-" if seconds is None else f"{age_text(seconds)} ago"
+
+
+def _show(json_out: bool, data: dict[str, object], text: str) -> None:
+    """The one render step of every dedupe command: JSON for scripts, else a plain text block."""
+    if json_out:
+        print_json(data)
+    else:
+        stdout.print(text, markup=False, highlight=False)
 
 
 @app.command("init")
@@ -54,14 +58,11 @@ def init(
 ) -> None:
     """Create rmqkit_processed and rmqkit_versions if missing (idempotent)."""
     result = init_store(dsn, window_s=_window(window, "--window"))
-    if json_out:
-        print_json({"dsn": result.dsn, "window_s": result.window_s})
-        return
-    stdout.print(
+    _show(
+        json_out,
+        {"dsn": result.dsn, "window_s": result.window_s},
         f"dedupe store ready at {result.dsn} (window {format_window(result.window_s)}"
         f"{', changed' if result.window_changed else ''})",
-        markup=False,
-        highlight=False,
     )
 
 
@@ -72,17 +73,14 @@ def status(
 ) -> None:
     """Row count, oldest entry and the configured window."""
     result = dedupe_status(dsn)
-    if json_out:
-        print_json(result.as_dict())
-        return
     window = "-" if result.window_s is None else format_window(result.window_s)
-    stdout.print(
+    _show(
+        json_out,
+        result.as_dict(),
         f"store {result.dsn}\n"
         f"processed ids: {result.rows}\n"
         f"oldest: {_age(result.oldest_age_s)}\n"
         f"window: {window} ({result.older_than_window} older, pruned by the next prune)",
-        markup=False,
-        highlight=False,
     )
 
 
@@ -106,13 +104,10 @@ def prune_command(
             markup=False,
             highlight=False,
         )
-    if json_out:
-        print_json(result.as_dict())
-        return
-    stdout.print(
+    _show(
+        json_out,
+        result.as_dict(),
         f"deleted {result.deleted} id(s) older than {format_window(result.older_than_s)} in "
         f"{result.batches} batch(es), {result.elapsed_s:.2f}s (longest batch "
         f"{result.longest_batch_s * 1000:.0f} ms)",
-        markup=False,
-        highlight=False,
     )
