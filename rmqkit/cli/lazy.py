@@ -25,9 +25,9 @@ from typer.core import TyperGroup
 class LazyCommand:
     """A command (``attr`` a function) or a group (``attr`` a ``typer.Typer``) of ``module``."""
 
-    name: str
-    module: str
-    attr: str
+    name: str  # as typed on the command line
+    module: str  # imported only to run the command or show its own --help
+    attr: str  # the command's function, or the group's typer.Typer
     group: bool = False
 
     def summary(self) -> str:
