@@ -180,6 +180,14 @@ def stats_cmd(
 
 def _print_stats(check: ParkingCheck) -> None:
     result = check.stats
+    if check.limits.given:
+        # A monitoring check: Nagios reads the FIRST line of a plugin's output as its status
+        # (the rest is long text), so the verdict comes before the counts (issue 14).
+        why = check.verdict.why
+        print(
+            f"PARKING {check.verdict.label}: " + ("; ".join(why) if why else "within limits"),
+            flush=True,
+        )
     held = (
         f"; {result.held_by_others} more held unacked by {result.other_consumers} other "
         "consumer(s), not inspected"
@@ -205,6 +213,3 @@ def _print_stats(check: ParkingCheck) -> None:
         for key, count in counts.most_common():
             table.add_row(key, str(count))
         stdout.print(table)
-    if check.limits.given:
-        why = check.verdict.why
-        print(f"PARKING {check.verdict.label}: " + ("; ".join(why) if why else "within limits"))

@@ -47,3 +47,19 @@ def test_retry_and_park_lines_name_the_error_type_and_message(
     # the broker holds what the log says: the parked copy is the permanent one
     held = broker.drain(jobs_vhost, PARKING)
     assert [m["message_id"] for m in held] == [permanent]
+
+
+def test_parking_stats_check_prints_the_nagios_status_line_first(jobs_vhost: str) -> None:
+    """Nagios takes the first line of a plugin's output as its status: `parking stats` with a
+    limit must print `PARKING <STATE>: ...` before the counts and tables (issue 14)."""
+    ids = [uuid.uuid4().hex for _ in range(3)]
+    broker.publish_with_ids(jobs_vhost, "", PARKING, [(i, body(id=i)) for i in ids])
+    assert broker.depths(jobs_vhost, [PARKING])[PARKING] == 3
+    for limit, code, label in (("2", 2, "CRITICAL"), ("100", 0, "OK")):
+        check = broker.cli("parking", "stats", PARKING, "--max-count", limit, vhost=jobs_vhost)
+        assert check.returncode == code, check.stdout + check.stderr
+        lines = check.stdout.splitlines()
+        assert lines[0].startswith(f"PARKING {label}: "), check.stdout
+        assert sum(line.startswith("PARKING ") for line in lines) == 1, check.stdout
+    # the check only browsed: the broker still holds all three
+    assert broker.depths(jobs_vhost, [PARKING])[PARKING] == 3
