@@ -29,6 +29,8 @@ def print_json(data: Any) -> None:
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:
+    """A plan for ``--json``: every object with its action, in sync or not, whatever ``--all``
+    says (scripts read the broker's state from it; the text view only trims what it prints)."""
     return {
         "source": plan.source,
         "vhost": plan.vhost,
@@ -41,7 +43,11 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
 def print_plan(plan: Plan, *, show_in_sync: bool = True, title: str | None = None) -> None:
     """A table on a terminal; one line per object when piped (greppable, never wrapped)."""
     if stdout.is_terminal:
-        stdout.print(plan_table(plan, show_in_sync=show_in_sync, title=title))
+        shown = [c for c in plan.changes if show_in_sync or c.action != "in-sync"]
+        if shown:
+            stdout.print(plan_table(plan, show_in_sync=show_in_sync, title=title))
+        elif title:
+            stdout.print(title, highlight=False)
         return
     if title:
         print(title)
@@ -74,6 +80,24 @@ def plan_table(plan: Plan, *, show_in_sync: bool = True, title: str | None = Non
 
 
 def summary_line(plan: Plan) -> str:
+    """Every action's count: ``1 change, 2 create, 43 in-sync``."""
     counts = plan.summary()
     parts = [f"{n} {k}" for k, n in counts.items() if n]
     return ", ".join(parts) if parts else "nothing declared"
+
+
+def changes_summary_line(plan: Plan) -> str:
+    """The last line of a plan that lists changes only (kubectl diff / terraform plan style):
+    the counts of what is listed, then how many objects are in sync and were left out.
+
+    ``1 change, 2 create; 43 objects in sync; --all to list them``; with nothing to do
+    ``no changes; 46 objects in sync; --all to list them``.
+    """
+    counts = plan.summary()
+    in_sync = counts.pop("in-sync")
+    parts = [f"{n} {k}" for k, n in counts.items() if n]
+    head = ", ".join(parts) if parts else "no changes"
+    if not in_sync:
+        return head if parts else "nothing declared"
+    noun = "object" if in_sync == 1 else "objects"
+    return f"{head}; {in_sync} {noun} in sync; --all to list them"

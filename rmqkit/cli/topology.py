@@ -11,7 +11,15 @@ import typer
 
 from rmqkit.broker.amqp import connection, parse_version, server_version
 from rmqkit.cli.common import run_async, settings_from
-from rmqkit.cli.render import plan_dict, print_json, print_plan, stderr, stdout, summary_line
+from rmqkit.cli.render import (
+    changes_summary_line,
+    plan_dict,
+    print_json,
+    print_plan,
+    stderr,
+    stdout,
+    summary_line,
+)
 from rmqkit.errors import ConfigError, ExitCode, RmqkitError, UsageError
 from rmqkit.fileout import check_output, output_mode, write_file
 from rmqkit.topology import declare_topology, export_definitions, load_topology, plan_topology
@@ -80,10 +88,18 @@ def plan(
     ctx: typer.Context,
     file: Path = FILE_ARG,
     via: ViaChoice = VIA_OPT,
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    show_all: bool = typer.Option(
+        False, "--all", help="List the objects already in sync too (default: changes only)."
+    ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="Print the plan as JSON: every object and its action, in sync or not.",
+    ),
 ) -> None:
-    """Show what `declare FILE` would do, object by object.
+    """Show what `declare FILE` would do: the objects to create or change, conflicts, orphans.
 
+    Objects already in sync are counted on the last line; --all lists them too.
     Exit codes (like `terraform plan -detailed-exitcode`): 0 in sync · 2 changes pending ·
     65 conflicts (the broker would reject the change or silently ignore it).
     """
@@ -93,8 +109,10 @@ def plan(
     if as_json:
         print_json(plan_dict(result))
     else:
-        print_plan(result, title=f"{file} against vhost {result.vhost!r}:")
-        stdout.print(summary_line(result) + ".", highlight=False)
+        title = f"{file} against vhost {result.vhost!r}:"
+        print_plan(result, show_in_sync=show_all, title=title)
+        last = summary_line(result) if show_all else changes_summary_line(result)
+        stdout.print(last + ".", highlight=False)
     if result.conflicts:
         if not as_json:
             stderr.print(f"rmqkit: {len(result.conflicts)} conflict(s); see 'fix' above")
