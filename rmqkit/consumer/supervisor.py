@@ -23,6 +23,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from rmqkit.consumer.config import ConsumerConfig
+from rmqkit.consumer.logs import configure_logging
 from rmqkit.errors import ExitCode
 from rmqkit.settings import Settings
 
@@ -154,7 +155,13 @@ class Supervisor:
 
 
 def run_supervised(settings: Settings, config: ConsumerConfig, processes: int) -> int:
-    """Run ``processes`` supervised workers; returns the process exit code."""
+    """Run ``processes`` supervised workers; returns the process exit code.
+
+    The supervisor logs through the workers' formatter (rmqkit.consumer.logs: ISO 8601 UTC
+    with milliseconds in text, or JSON lines), so one consumer's output has one timestamp
+    format, and its INFO lines (worker started) show as the workers' do.
+    """
+    configure_logging(config.log_format)
     return Supervisor(settings, config, processes).run()
 
 

@@ -3,7 +3,10 @@ carries the error's type and message, so nobody has to open the message to see t
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import uuid
 from pathlib import Path
 
@@ -63,3 +66,51 @@ def test_parking_stats_check_prints_the_nagios_status_line_first(jobs_vhost: str
         assert sum(line.startswith("PARKING ") for line in lines) == 1, check.stdout
     # the check only browsed: the broker still holds all three
     assert broker.depths(jobs_vhost, [PARKING])[PARKING] == 3
+
+
+ISO_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+
+
+def _worker_restarted(consumer: ConsumerProcess) -> None:
+    """Kill the worker (-9) and wait until the supervisor has logged it and restarted one."""
+    assert wait_until(lambda: "consuming jobs.work" in consumer.output(), timeout_s=30)
+    (worker,) = consumer.workers()
+    os.kill(worker, signal.SIGKILL)
+    assert wait_until(lambda: consumer.output().count("consuming jobs.work") >= 2, timeout_s=30), (
+        consumer.output()
+    )
+
+
+def test_supervisor_and_worker_lines_share_one_timestamp_format(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """Text: every line of the supervisor (rmqkit.supervisor) and of its worker
+    (rmqkit.consumer) starts with ISO 8601 UTC with milliseconds (issue 14: the supervisor
+    printed `2026-12-01 19:49:14,486`, the worker `2026-12-01T19:49:14.486Z`)."""
+    consumer = ConsumerProcess(jobs_vhost, tmp_path / "text.db")
+    consumers.append(consumer)
+    _worker_restarted(consumer)
+    assert consumer.stop() == 0, consumer.output()
+    lines = consumer.output().splitlines()
+    by_logger = {name: [line for line in lines if f" {name}: " in line] for name in LOGGERS}
+    assert all(by_logger.values()), lines
+    assert any("died" in line for line in by_logger["rmqkit.supervisor"]), lines
+    bad = [line for line in lines if line.strip() and not ISO_LINE.match(line)]
+    assert not bad, bad
+
+
+def test_json_lines_from_supervisor_and_worker(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """--log-format json: the supervisor's lines are JSON objects too, with the same ts."""
+    consumer = ConsumerProcess(jobs_vhost, tmp_path / "json.db", "--log-format", "json")
+    consumers.append(consumer)
+    _worker_restarted(consumer)
+    assert consumer.stop() == 0, consumer.output()
+    records = [json.loads(line) for line in consumer.output().splitlines() if line.strip()]
+    assert {r["logger"] for r in records} >= set(LOGGERS), records
+    assert any("died" in r["msg"] for r in records if r["logger"] == "rmqkit.supervisor")
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["ts"]) for r in records)
+
+
+LOGGERS = ("rmqkit.supervisor", "rmqkit.consumer")
