@@ -68,7 +68,9 @@ def test_parking_stats_check_prints_the_nagios_status_line_first(jobs_vhost: str
     assert broker.depths(jobs_vhost, [PARKING])[PARKING] == 3
 
 
-ISO_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+ISO_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+)
 
 
 def _worker_restarted(consumer: ConsumerProcess) -> None:
