@@ -32,7 +32,7 @@ import aio_pika
 import aiormq
 import httpx
 
-from rmqkit.broker.typed_properties import TypedProperties
+from rmqkit.broker.codec.properties import TypedProperties
 from rmqkit.settings import Settings, load_settings, with_vhost
 
 BASE_URL = os.environ.get("RMQKIT_TEST_URL", "amqp://guest:guest@127.0.0.1:5672/")

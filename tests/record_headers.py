@@ -31,7 +31,7 @@ import aiormq
 from pamqp.commands import Basic
 
 from rmqkit import headers as h
-from rmqkit.broker.typed_properties import TypedProperties
+from rmqkit.broker.codec.properties import TypedProperties
 from rmqkit.settings import with_vhost
 from tests import broker
 

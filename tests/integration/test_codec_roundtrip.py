@@ -35,8 +35,9 @@ from hypothesis import strategies as st
 from pamqp import commands as spec
 from pamqp.common import FieldValue
 
-from rmqkit.broker import fieldtypes, pamqp_hook
-from rmqkit.broker.fieldtypes import (
+from rmqkit.broker.codec import fieldtypes
+from rmqkit.broker.codec import hook as pamqp_hook
+from rmqkit.broker.codec.fieldtypes import (
     AmqpDecimal,
     Float32,
     Float64,
@@ -50,7 +51,7 @@ from rmqkit.broker.fieldtypes import (
     UInt16,
     UInt32,
 )
-from rmqkit.broker.typed_properties import TypedProperties
+from rmqkit.broker.codec.properties import TypedProperties
 from rmqkit.parking import records
 from rmqkit.settings import with_vhost
 from tests import broker
