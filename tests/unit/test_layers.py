@@ -1,9 +1,9 @@
 """The import contract: layers depend downwards only, and the AMQP client stays in the broker layer.
 
 docs/architecture.md draws the layers: cli → health → parking → consumer → outbox / idempotency →
-topology / publish / guard → broker / store, with settings, errors, headers, durations and fileout
-below all of them. A module that
-imports from a higher layer fails here, naming the import.
+topology / publish / guard → broker / store / crypto, with settings, errors, headers, durations
+and fileout below all of them. A module that imports from a higher layer fails here, naming the
+import.
 
 aiormq and pamqp belong to ``rmqkit/broker/`` (issue 11): a module anywhere else that imports
 them fails here, naming the module (the session, channel and codec APIs of ``rmqkit.broker``
@@ -28,6 +28,9 @@ RANK = {
     "guard": 2,  # rmqkit.guard: apply_if_newer, on a store transaction
     "broker": 1,
     "store": 1,  # database connections (SQLite, PostgreSQL): beside broker, not above it
+    # field-level encryption (issue 16): a pure library that publish, outbox, consumer and
+    # parking call; it needs neither the broker nor a store
+    "crypto": 1,
 }
 CLIENT = ("aiormq", "pamqp")
 

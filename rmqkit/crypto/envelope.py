@@ -1,0 +1,164 @@
+"""One field value sealed into an envelope, and opened again; the blind index of a value.
+
+The envelope (docs/encryption.md) replaces the value in the JSON body::
+
+    {"$rmqkit_enc": 1, "kid": "k5c1e0a7b", "n": "<base64 12-byte nonce>",
+     "ct": "<base64 ciphertext + 16-byte GCM tag>", "bi": "<base64 HMAC-SHA256>"}
+
+- plaintext: the value as JSON text (UTF-8), so every JSON type comes back as it went in;
+- AES-256-GCM under key ``kid`` with a random 96-bit nonce;
+- associated data: ``rmqkit-enc/1``, the key id and the dotted field path, NUL-separated, so
+  an envelope copied to another field, or relabelled with another key id, fails to open;
+- ``bi`` (only for blind-indexed fields): HMAC-SHA256 under the ring's index key of
+  ``rmqkit-bi/1``, the path and the value's canonical JSON (sorted keys, compact), so equal
+  values in the same field have equal ``bi`` whatever key encrypted them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+
+from rmqkit.crypto.errors import Undecryptable
+from rmqkit.crypto.keyring import KeyRing, valid_key_id
+
+MARKER = "$rmqkit_enc"
+VERSION = 1
+NONCE_BYTES = 12
+_AAD_PREFIX = b"rmqkit-enc/1\x00"
+_BI_PREFIX = b"rmqkit-bi/1\x00"
+
+
+def is_envelope(value: Any) -> bool:
+    """Whether ``value`` is an rmqkit envelope (an object with the ``$rmqkit_enc`` key)."""
+    return isinstance(value, dict) and MARKER in value
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _aad(path: str, kid: str) -> bytes:
+    return _AAD_PREFIX + kid.encode("utf-8") + b"\x00" + path.encode("utf-8")
+
+
+def canonical_json(value: Any) -> bytes:
+    """The value's canonical JSON (sorted keys, no spaces, UTF-8): what the blind index hashes.
+    Note 1 and 1.0 differ, as do "1" and 1; strings are compared exactly (no case folding)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def blind_index(keyring: KeyRing, path: str, value: Any) -> str:
+    """The blind index of ``value`` in field ``path``: what ``parking list --match`` compares
+    with an envelope's ``bi`` without decrypting anything."""
+    digest = keyring.index_digest(
+        _BI_PREFIX + path.encode("utf-8") + b"\x00" + canonical_json(value)
+    )
+    return _b64(digest)
+
+
+def seal(keyring: KeyRing, path: str, value: Any, *, index: bool = False) -> dict[str, Any]:
+    """The envelope of ``value`` for field ``path`` under the ring's current key (with a
+    blind index if ``index``)."""
+    kid = keyring.current_id
+    nonce = os.urandom(NONCE_BYTES)
+    plaintext = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    ciphertext = keyring.cipher(kid).encrypt(nonce, plaintext, _aad(path, kid))
+    envelope: dict[str, Any] = {
+        MARKER: VERSION,
+        "kid": kid,
+        "n": _b64(nonce),
+        "ct": _b64(ciphertext),
+    }
+    if index:
+        envelope["bi"] = blind_index(keyring, path, value)
+    return envelope
+
+
+def _bytes(envelope: dict[str, Any], name: str, path: str, kid: str) -> bytes:
+    text = envelope.get(name)
+    if not isinstance(text, str):
+        raise Undecryptable(path, Undecryptable.MALFORMED, f"envelope has no {name!r}", kid=kid)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise Undecryptable(
+            path, Undecryptable.MALFORMED, f"envelope {name!r} is not base64", kid=kid
+        ) from None
+
+
+def open_envelope(keyring: KeyRing | None, path: str, envelope: dict[str, Any]) -> Any:
+    """The value sealed in ``envelope`` at field ``path``; Undecryptable names the path and
+    the cause (no key ring, unknown key id, tampered or moved, malformed)."""
+    kid = envelope.get("kid")
+    if envelope.get(MARKER) != VERSION:
+        raise Undecryptable(
+            path,
+            Undecryptable.MALFORMED,
+            f"envelope version {envelope.get(MARKER)!r} (this rmqkit reads {VERSION})",
+            kid=kid if valid_key_id(kid) else None,
+        )
+    if not valid_key_id(kid):  # checked first: the id is quoted in every message below
+        raise Undecryptable(path, Undecryptable.MALFORMED, "envelope has no valid key id")
+    assert isinstance(kid, str)
+    if keyring is None:
+        raise Undecryptable(
+            path,
+            Undecryptable.NO_KEYRING,
+            f"no key ring loaded (key {kid} needed; set RMQKIT_KEYRING_FILE or RMQKIT_KEYRING)",
+            kid=kid,
+        )
+    if not keyring.has(kid):
+        raise Undecryptable(
+            path,
+            Undecryptable.UNKNOWN_KEY,
+            f"unknown key id {kid!r} (the key ring {keyring.source} has "
+            f"{', '.join(keyring.key_ids)})",
+            kid=kid,
+        )
+    nonce = _bytes(envelope, "n", path, kid)
+    ciphertext = _bytes(envelope, "ct", path, kid)
+    if len(nonce) != NONCE_BYTES:
+        raise Undecryptable(
+            path, Undecryptable.MALFORMED, f"nonce is {len(nonce)} bytes, not 12", kid=kid
+        )
+    try:
+        plaintext = keyring.cipher(kid).decrypt(nonce, ciphertext, _aad(path, kid))
+    except InvalidTag:
+        raise Undecryptable(
+            path,
+            Undecryptable.TAMPERED,
+            f"authentication failed under key {kid}: the ciphertext, nonce or key id was "
+            "changed, or the envelope was moved from another field",
+            kid=kid,
+        ) from None
+    try:
+        return json.loads(plaintext)
+    except ValueError:  # authentic yet not JSON: written by something other than rmqkit
+        raise Undecryptable(
+            path, Undecryptable.MALFORMED, "decrypted value is not JSON", kid=kid
+        ) from None
+
+
+def redaction_marker(envelope: dict[str, Any]) -> str:
+    """What ``redact_fields`` puts in place of an envelope: ``[encrypted kid=…]``."""
+    kid = envelope.get("kid")
+    return f"[encrypted kid={kid if valid_key_id(kid) else '?'}]"
+
+
+__all__ = [
+    "MARKER",
+    "NONCE_BYTES",
+    "VERSION",
+    "blind_index",
+    "canonical_json",
+    "is_envelope",
+    "open_envelope",
+    "redaction_marker",
+    "seal",
+]

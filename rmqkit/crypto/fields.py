@@ -1,0 +1,276 @@
+"""Field-level encryption of a JSON body: encrypt, decrypt, redact, match by blind index.
+
+A field is a dotted path into nested objects (``customer.name``); a path does not step into
+lists, and a key that itself contains a dot cannot be named. A field missing from a body (or
+under something that is not an object) is not an error: there is nothing to protect.
+
+Every function takes the body as ``bytes`` (returns compact JSON ``bytes``, or the very same
+object when nothing changed) or as an already parsed value (returns a new value; the input is
+never modified, only the objects on the way to a changed field are copied).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from functools import lru_cache
+from typing import Any, TypeVar
+
+from rmqkit.crypto.envelope import (
+    MARKER,
+    blind_index,
+    is_envelope,
+    open_envelope,
+    redaction_marker,
+    seal,
+)
+from rmqkit.crypto.errors import KeyRingError, Undecryptable
+from rmqkit.crypto.keyring import ENV_FILE, ENV_INLINE, KeyRing
+from rmqkit.errors import ConfigError, DataError
+
+B = TypeVar("B")
+_Fn = Callable[[str, Any], Any]  # (dotted path, value) -> new value, or the same object
+# Cheap test before parsing: a body without this text holds no envelope. (A JSON writer that
+# escaped letters of the key, "\u0024rmqkit_enc", would slip past it; none does.)
+_MARKER_BYTES = MARKER[1:].encode()
+
+
+@lru_cache(maxsize=4096)
+def parse_path(path: str) -> tuple[str, ...]:
+    """``"customer.name"`` → ``("customer", "name")``; ValueError for an empty segment."""
+    parts = tuple(path.split("."))
+    if not path or "" in parts:
+        raise ValueError(f"bad field path {path!r}: dotted names like customer.name")
+    return parts
+
+
+def check_paths(paths: Iterable[str], blind_index_paths: Iterable[str] = ()) -> None:
+    """ValueError unless every path is well-formed and every blind-indexed path is also
+    encrypted (for the topology file's ``sensitive_fields`` / ``blind_index`` validation)."""
+    sensitive = list(paths)
+    for path in sensitive:
+        parse_path(path)
+    extra = [p for p in blind_index_paths if p not in sensitive]
+    if extra:
+        raise ValueError(f"blind_index fields must also be sensitive fields: {', '.join(extra)}")
+
+
+def _checked(paths: Iterable[str], blind_index_paths: Iterable[str] = ()) -> None:
+    try:
+        check_paths(paths, blind_index_paths)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+# --- walking a parsed body (copy-on-write) ------------------------------------------------------
+def _at_path(root: Any, parts: Sequence[str], path: str, fn: _Fn) -> Any:
+    """``root`` with ``fn`` applied to the value at ``parts`` (absent: ``root`` unchanged)."""
+    if not isinstance(root, dict) or parts[0] not in root:
+        return root
+    child = root[parts[0]]
+    new = fn(path, child) if len(parts) == 1 else _at_path(child, parts[1:], path, fn)
+    if new is child:
+        return root
+    copy = dict(root)  # keeps key order: the body reads as it did
+    copy[parts[0]] = new
+    return copy
+
+
+def _envelopes(value: Any, prefix: str, fn: _Fn) -> Any:
+    """``value`` with ``fn`` applied to every envelope anywhere in it (lists included: an
+    envelope moved into a list gets a path like ``items.0`` and fails to open)."""
+    if isinstance(value, dict):
+        if MARKER in value:
+            return fn(prefix, value)
+        changed: dict[str, Any] | None = None
+        for key, child in value.items():
+            new = _envelopes(child, f"{prefix}.{key}" if prefix else key, fn)
+            if new is not child:
+                changed = dict(value) if changed is None else changed
+                changed[key] = new
+        return value if changed is None else changed
+    if isinstance(value, list):
+        items: list[Any] | None = None
+        for i, child in enumerate(value):
+            new = _envelopes(child, f"{prefix}.{i}" if prefix else str(i), fn)
+            if new is not child:
+                items = list(value) if items is None else items
+                items[i] = new
+        return value if items is None else items
+    return value
+
+
+def _apply(body: Any, paths: Sequence[str] | None, fn: _Fn) -> Any:
+    if paths is None:
+        return _envelopes(body, "", fn)
+    for path in paths:
+        body = _at_path(body, parse_path(path), path, fn)
+    return body
+
+
+def _on_body(body: B, paths: Sequence[str] | None, fn: _Fn, *, need_json: bool) -> B:
+    """Run ``_apply`` on a bytes or parsed body; bytes come back re-serialized only if changed."""
+    if not isinstance(body, bytes | bytearray | memoryview):
+        return _apply(body, paths, fn)  # type: ignore[no-any-return]
+    data = bytes(body)
+    if not need_json and _MARKER_BYTES not in data:
+        return body  # no envelope in it: no parse, no copy
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        if need_json:
+            raise DataError(
+                "the body is not JSON: its sensitive fields cannot be encrypted"
+            ) from None
+        return body  # not JSON: nothing of ours in it (the consumer parks it as not JSON)
+    new = _apply(parsed, paths, fn)
+    if new is parsed:
+        return body
+    return json.dumps(new, separators=(",", ":"), ensure_ascii=False).encode("utf-8")  # type: ignore[return-value]
+
+
+# --- the four operations ------------------------------------------------------------------------
+def _require(keyring: KeyRing | None) -> KeyRing:
+    if keyring is None:
+        raise KeyRingError(
+            f"sensitive fields are configured but no key ring is loaded: set {ENV_FILE} "
+            f"or {ENV_INLINE} (nothing is ever sent in plaintext instead)"
+        )
+    return keyring
+
+
+def encrypt_fields(
+    body: B, paths: Sequence[str], blind_index_paths: Sequence[str], keyring: KeyRing | None
+) -> B:
+    """``body`` with the value of each field in ``paths`` replaced by its envelope under the
+    ring's current key, with a blind index for the fields in ``blind_index_paths``.
+
+    A missing field is skipped; a field that already holds an envelope is left as it is (a
+    replayed or relayed message is not encrypted twice). No key ring: KeyRingError (exit 78);
+    a bytes body that is not JSON: DataError (exit 65) — never sent in plaintext.
+    """
+    if not paths:
+        return body
+    _checked(paths, blind_index_paths)
+    ring = _require(keyring)
+    indexed = frozenset(blind_index_paths)
+
+    def encrypt(path: str, value: Any) -> Any:
+        if is_envelope(value):
+            return value
+        return seal(ring, path, value, index=path in indexed)
+
+    return _on_body(body, paths, encrypt, need_json=True)
+
+
+def decrypt_fields(
+    body: B, paths: Sequence[str] | None, keyring: KeyRing | None, *, strict: bool = True
+) -> B:
+    """``body`` with the envelopes at ``paths`` (None: every envelope anywhere in the body)
+    replaced by their values.
+
+    ``strict`` (the consumer): the first field that cannot be opened raises Undecryptable
+    naming its path and reason — nothing is handed over half-decrypted. Not strict (showing a
+    parked message): such a field becomes ``[undecryptable kid=…: reason]`` and the rest is
+    decrypted. A plaintext value at a listed path is returned as it is.
+    """
+    if paths is not None:
+        _checked(paths)
+
+    def decrypt(path: str, value: Any) -> Any:
+        if not is_envelope(value):
+            return value
+        try:
+            return open_envelope(keyring, path, value)
+        except Undecryptable as exc:
+            if strict:
+                raise
+            return f"[undecryptable kid={exc.kid or '?'}: {exc.reason}]"
+
+    return _on_body(body, paths, decrypt, need_json=False)
+
+
+def redact_fields(body: B, paths: Sequence[str] | None = None) -> B:
+    """``body`` with envelopes replaced by ``[encrypted kid=…]`` (at ``paths``, or by default
+    everywhere): what parking list/show print without ``--decrypt``. Never raises on a
+    malformed envelope; plaintext values are left alone."""
+    if paths is not None:
+        _checked(paths)
+
+    def redact(path: str, value: Any) -> Any:
+        return redaction_marker(value) if is_envelope(value) else value
+
+    return _on_body(body, paths, redact, need_json=False)
+
+
+def find_field(body: Any, path: str) -> tuple[bool, Any]:
+    """``(True, value)`` for the value at dotted ``path`` in a parsed body, else ``(False,
+    None)``."""
+    value = body
+    for part in parse_path(path):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+class Matcher:
+    """``parking list --match FIELD=VALUE``: finds bodies whose field equals VALUE, comparing
+    blind indexes of envelopes (nothing is decrypted) and plaintext values as they are.
+
+    VALUE is text from a command line: it matches the string and, if it reads as JSON (``42``,
+    ``true``, ``{"a":1}``), that value too, so ``tax_id=12345`` finds the string and the number.
+    """
+
+    def __init__(self, path: str, text: str, keyring: KeyRing | None) -> None:
+        _checked([path])
+        self.path = path
+        self.values: list[Any] = [text]
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            pass
+        else:
+            if parsed != text:
+                self.values.append(parsed)
+        self._keyring = keyring
+        self._indexes = (
+            {blind_index(keyring, path, v) for v in self.values} if keyring is not None else set()
+        )
+
+    @classmethod
+    def parse(cls, spec: str, keyring: KeyRing | None) -> Matcher:
+        """From ``FIELD=VALUE`` (the first ``=`` splits); ConfigError for a bad spec."""
+        path, sep, text = spec.partition("=")
+        if not sep or not path:
+            raise ConfigError(f"--match {spec!r}: give FIELD=VALUE, e.g. tax_id=12345678901")
+        return cls(path, text, keyring)
+
+    def matches(self, body: Any) -> bool:
+        """Whether ``body`` (bytes or parsed) has the field equal to the value. An envelope
+        without a blind index (a field not indexed) never matches; with no key ring loaded an
+        envelope raises KeyRingError: the comparison needs the ring's index key."""
+        if isinstance(body, bytes | bytearray | memoryview):
+            try:
+                body = json.loads(bytes(body))
+            except ValueError:
+                return False
+        found, value = find_field(body, self.path)
+        if not found:
+            return False
+        if is_envelope(value):
+            if self._keyring is None:
+                _require(None)
+            return value.get("bi") in self._indexes
+        return any(value == v and type(value) is type(v) for v in self.values)
+
+
+__all__ = [
+    "Matcher",
+    "check_paths",
+    "decrypt_fields",
+    "encrypt_fields",
+    "find_field",
+    "parse_path",
+    "redact_fields",
+]
