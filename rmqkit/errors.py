@@ -12,7 +12,7 @@ class ExitCode:
 
     OK = 0
     BUG = 1
-    USAGE = 2
+    USAGE = 64  # sysexits EX_USAGE; 2 is "changes pending" (plan) and "critical" (checks)
     PARTIAL = 3
     DATA = 65
     UNAVAILABLE = 69

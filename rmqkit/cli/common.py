@@ -32,7 +32,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 def seconds(text: str, flag: str, *, days: bool = False) -> float:
     """A duration flag (``30s``, ``1h``; with ``days`` also ``7d``, as retention windows are
-    spelled) in seconds; a bad one is a usage error (exit 2)."""
+    spelled) in seconds; a bad one is a usage error (exit 64)."""
     try:
         return parse_window(text) if days else parse_duration_ms(text) / 1000
     except ValueError as exc:

@@ -6,8 +6,13 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+from typing import Any
 
 import typer
+from typer import Abort
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer._click.exceptions import UsageError as ClickUsageError
+from typer.core import TyperGroup
 
 from rmqkit._version import __version__
 from rmqkit.cli.lazy import LazyCommand, LazyGroup
@@ -71,9 +76,9 @@ def root(
 ) -> None:
     """Settings come from flags, then RMQKIT_* environment variables, then .env, then defaults.
 
-    Exit codes: 0 ok · 1 bug · 2 usage (and `plan`: changes pending) · 3 partial success ·
-    65 bad data or topology · 69 broker unreachable · 77 access refused · 78 bad configuration ·
-    130 interrupted.
+    Exit codes: 0 ok · 1 bug · 2 `plan`: changes pending, checks: critical · 3 partial success ·
+    64 usage error · 65 bad data or topology · 69 broker unreachable · 74 a file cannot be
+    written · 77 access refused · 78 bad configuration · 130 interrupted.
     """
     # Client libraries log connection failures themselves; rmqkit reports them once, as one
     # line with the URL masked, so their own logs only show up when asked for.
@@ -93,17 +98,30 @@ def run(argv: list[str] | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the app; every outcome becomes an exit code, every rmqkit error one stderr line.
+    """Run the app; every outcome becomes an exit code, every error one stderr line.
 
-    Usage errors are typer's (exit 2). Only an unexpected exception prints a traceback (exit 1).
+    Usage errors, click's (unknown option, missing argument, bad choice, no such command) and
+    rmqkit's own, exit 64 (sysexits' EX_USAGE): 2 means "changes pending" (`plan`) and
+    "critical" (monitoring checks). Only an unexpected exception prints a traceback (exit 1).
     """
     try:
-        app(args=argv, prog_name="rmqkit", standalone_mode=True)
-    except SystemExit as exc:
-        code = exc.code
-        return code if isinstance(code, int) else (0 if code is None else ExitCode.BUG)
+        # Not standalone: click would print its multi-line usage box and exit 2 itself.
+        result = app(args=argv, prog_name="rmqkit", standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # `rmqkit`, `rmqkit parking`: the help, which is no error
+        if exc.format_message().strip():  # rich already printed it; plain click has it here
+            print(exc.format_message())
+        return ExitCode.OK
+    except ClickUsageError as exc:
+        print(usage_line(exc, sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        return ExitCode.USAGE
+    except ClickException as exc:
+        print(f"rmqkit: error: {_one_line(exc.format_message())}", file=sys.stderr)
+        return exc.exit_code
+    except Abort:  # Ctrl-C or end of input at a prompt
+        print("rmqkit: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     except RmqkitError as exc:
-        print(f"rmqkit: error: {exc}", file=sys.stderr)
+        print(f"rmqkit: error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("rmqkit: interrupted", file=sys.stderr)
@@ -115,4 +133,31 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return ExitCode.BUG
-    return ExitCode.OK
+    # Not standalone, typer returns an Exit's code, and a command's return value otherwise.
+    return result if type(result) is int else ExitCode.OK
+
+
+def usage_line(exc: ClickUsageError, argv: list[str]) -> str:
+    """Click's usage error as rmqkit's one line, naming the help of the command it concerns."""
+    where = exc.ctx.command_path if exc.ctx is not None else _command_path(argv)
+    return f"rmqkit: error: {_one_line(exc.format_message())} (see '{where} --help')"
+
+
+def _command_path(argv: list[str]) -> str:
+    """The command ``argv`` names (``rmqkit parking list``), for errors click raises without
+    a context (an option missing its value): the words that are command names, in order."""
+    path = ["rmqkit"]
+    command: Any = typer.main.get_command(app)
+    context = typer.Context(command, info_name="rmqkit", resilient_parsing=True)
+    for word in argv:
+        if not isinstance(command, TyperGroup) or word.startswith("-"):
+            continue
+        if word in command.list_commands(context):
+            command = command.get_command(context, word)
+            path.append(word)
+    return " ".join(path)
+
+
+def _one_line(text: str) -> str:
+    # Click words some messages over several lines (a choice's "Choose from:" list).
+    return " ".join(text.split())

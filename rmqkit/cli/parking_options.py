@@ -83,7 +83,7 @@ def parked_filter(
     grep: str | None,
 ) -> ParkedFilter:
     """The filter the options describe; an unknown ``--reason``, a bad ``--header`` or age is a
-    usage error (exit 2)."""
+    usage error (exit 64)."""
     unknown = sorted(set(reason) - KNOWN_REASONS)
     if unknown:
         raise UsageError(

@@ -171,8 +171,8 @@ def test_config_masks_secrets() -> None:
     assert shown["management_url"] == "http://bob:***@h:15672"
 
 
-def test_usage_errors_exit_2_and_version_prints() -> None:
-    assert broker.cli("plan", "--no-such-flag").returncode == 2
-    assert broker.cli("declare", "x.toml", "--via", "nope").returncode == 2
+def test_usage_errors_exit_64_and_version_prints() -> None:
+    assert broker.cli("plan", "--no-such-flag").returncode == 64
+    assert broker.cli("declare", "x.toml", "--via", "nope").returncode == 64
     version = broker.cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("rmqkit ")

@@ -108,9 +108,9 @@ def test_the_check_runs_only_with_a_store(
     code, report, _ = doctor(orders_vhost, "--json")
     assert (code, check_status(report)) == (0, None)  # a plain run reports as before
     code, _, err = doctor(orders_vhost, "--replay-horizon", "2h")
-    assert (code, err.strip()) == (2, "rmqkit: error: --replay-horizon goes with --dedupe DSN")
+    assert (code, err.strip()) == (64, "rmqkit: error: --replay-horizon goes with --dedupe DSN")
     code, _, err = doctor(orders_vhost, "--dedupe", "sqlite:///x.db", "--replay-horizon", "2x")
-    assert code == 2 and err.startswith("rmqkit: error: --replay-horizon: bad duration '2x'")
+    assert code == 64 and err.startswith("rmqkit: error: --replay-horizon: bad duration '2x'")
 
 
 def test_a_store_never_initialised_is_exit_78(

@@ -207,7 +207,7 @@ def test_export_append_on_a_full_disk_keeps_the_earlier_lines(
 def test_a_second_export_never_empties_the_first(
     declared: str, parked: Callable[[int, str], list[str]], tmp_path: Path
 ) -> None:
-    """Finding 2: an existing file is refused (exit 2, nothing done); --append adds, --force
+    """Finding 2: an existing file is refused (exit 64, nothing done); --append adds, --force
     replaces; a failing export (mistyped queue, exit 65) leaves it as it was."""
     v = declared
     first = parked(40, "first")
@@ -219,7 +219,7 @@ def test_a_second_export_never_empties_the_first(
     assert _file_ids(out) == first and _depth(v) == 0
     second = parked(10, "second")
     again = broker.cli("parking", "export", PARKING, "--remove", "-o", str(out), vhost=v)
-    assert again.returncode == 2 and "--force" in again.stderr and "--append" in again.stderr
+    assert again.returncode == 64 and "--force" in again.stderr and "--append" in again.stderr
     assert _file_ids(out) == first and _depth(v) == 10  # nothing removed, file intact
     typo = broker.cli("parking", "export", "fs.work.parkin", "--force", "-o", str(out), vhost=v)
     assert typo.returncode == 65, typo.stderr
@@ -234,7 +234,7 @@ def test_a_second_export_never_empties_the_first(
     assert replaced.returncode == 0, replaced.stderr
     assert _file_ids(out) == third and _depth(v) == 5
     both = broker.cli("parking", "export", PARKING, "--force", "--append", "-o", str(out), vhost=v)
-    assert both.returncode == 2
+    assert both.returncode == 64
     assert sorted(p.name for p in tmp_path.iterdir()) == ["moved.ndjson"]  # no temp files
 
 
@@ -247,7 +247,7 @@ def test_topology_export_refuses_to_overwrite_and_survives_a_full_disk(
     topology = str(ROOT / "topologies" / "orders.toml")
     args = ("export", topology, "--broker-version", "3.10.8", "-o", str(out))
     refused = broker.cli(*args, vhost=v)
-    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert refused.returncode == 64 and "--force" in refused.stderr
     assert out.read_text() == "earlier\n"
     full = cli_limited(*args, "--force", vhost=v, max_file_bytes=100)
     assert full.returncode == 74 and str(out) in full.stderr, full.stderr

@@ -107,7 +107,7 @@ def lane(vhost: str, topology_file: Path) -> str:
 
 def test_an_unknown_reason_is_a_usage_error_naming_the_valid_ones(lane: str) -> None:
     result = broker.cli("parking", "list", PARKING, "--reason", "exhaustd", vhost=lane)
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == 64, result.stderr
     assert "exhaustd" in result.stderr
     for valid in ("exhausted", "permanent", "undecodable", "delivery_limit"):
         assert valid in result.stderr
@@ -174,7 +174,7 @@ def test_show_takes_the_sensitive_fields_from_the_topology(lane: str, topology_f
     document = json.loads(shown.stdout)
     assert document["body"]["card_number"] == "***"
     wrong = broker.cli("parking", "show", SLOW, some, "--topology", str(topology_file), vhost=lane)
-    assert wrong.returncode == 2 and "no work queue whose parking queue is" in wrong.stderr
+    assert wrong.returncode == 64 and "no work queue whose parking queue is" in wrong.stderr
 
 
 def test_an_interrupted_replay_says_what_was_done_and_what_is_left(lane: str) -> None:

@@ -347,7 +347,7 @@ def test_purge_filtered_with_dry_run_and_yes(parked: Parked) -> None:
     dry = broker.cli("parking", "purge", PARKING, "--grep", "needle", "--dry-run", vhost=v)
     assert dry.returncode == 0 and f"would purge {len(needles)}" in dry.stdout
     refused = broker.cli("parking", "purge", PARKING, "--grep", "needle", vhost=v)
-    assert refused.returncode == 2  # not a terminal and no --yes
+    assert refused.returncode == 64  # not a terminal and no --yes
     done = broker.cli("parking", "purge", PARKING, "--grep", "needle", "--yes", vhost=v)
     assert done.returncode == 0 and f"purged {len(needles)}" in done.stdout
     assert not (_ids(v) & parked.needle)

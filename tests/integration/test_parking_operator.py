@@ -176,7 +176,7 @@ def test_partial_import_resumes_without_duplicates(v: str, tmp_path: Path) -> No
     got = [m["message_id"] for m in broker.drain(v, BOUNDED)]
     assert len(got) == 10
     rerun = broker.cli("parking", "import", str(path), BOUNDED, vhost=v)
-    assert rerun.returncode == 2 and "--resume" in rerun.stderr and "--again" in rerun.stderr
+    assert rerun.returncode == 64 and "--resume" in rerun.stderr and "--again" in rerun.stderr
     assert _depth(v, BOUNDED) == 0  # a plain rerun publishes nothing
     resumed = broker.cli("parking", "import", str(path), BOUNDED, "--resume", vhost=v)
     assert resumed.returncode == 0, resumed.stderr

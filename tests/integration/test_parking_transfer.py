@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqkit.broker.typed_properties import TypedProperties
+from rmqkit.broker.codec.properties import TypedProperties
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import purge_parked
 from rmqkit.parking.replay import replay_parked
@@ -99,7 +99,7 @@ def test_cli_export_remove_then_import(parking: str, tmp_path: Path) -> None:
     )
     out = tmp_path / "parked.ndjson"
     refused = broker.cli("parking", "export", PARKING, "--remove", vhost=v)
-    assert refused.returncode == 2 and "--output" in refused.stderr
+    assert refused.returncode == 64 and "--output" in refused.stderr
     kept = broker.cli("parking", "export", PARKING, vhost=v)
     assert kept.returncode == 0 and len(kept.stdout.splitlines()) == 50
     assert broker.depths(v, [PARKING])[PARKING] == 50

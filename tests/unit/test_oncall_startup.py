@@ -63,5 +63,5 @@ def test_a_mistyped_command_still_gets_a_suggestion() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "rmqkit", "stauts"], capture_output=True, text=True, check=False
     )
-    assert done.returncode == 2
+    assert done.returncode == 64
     assert "Did you mean 'status'?" in done.stderr

@@ -1,0 +1,89 @@
+"""CLI conventions an on-call engineer expects (issue 14), through the real entry point.
+
+Usage errors exit 64 (sysexits' EX_USAGE) with one stderr line: click's own (unknown command or
+option, missing argument, bad choice, an option without its value) and rmqkit's ``UsageError``.
+Exit 2 stays "changes pending" (`plan`) and "critical" (checks). Before this change they
+exited 2 with click's multi-line usage box, and `rmqkit` with no arguments exited 2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+USAGE_ERRORS = {
+    "no such command": ["stauts"],
+    "no such subcommand": ["parking", "lsit"],
+    "unknown option": ["plan", "--no-such-flag"],
+    "missing argument": ["publish"],
+    "missing option": ["dedupe", "status"],
+    "bad choice": ["declare", "x.toml", "--via", "nope"],
+    "option without its value": ["parking", "list", "--reason"],
+    "bad value (rmqkit's UsageError)": ["parking", "list", "q.parking", "--reason", "exhaustd"],
+    "bad duration (rmqkit's UsageError)": ["dedupe", "prune", "--dsn", "x", "--older-than", "7x"],
+}
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """This process's environment without RMQKIT_* (PYTHONPATH kept: tests of older code)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env["RMQKIT_URL"] = "amqp://guest:guest@127.0.0.1:1/"  # nothing listens: never reached
+    return {**env, **extra}
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`python -m rmqkit ARGS` from a neutral directory (no .env, and the checkout on the path
+    only through the installed package or PYTHONPATH), stdin not a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "rmqkit", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env or environment(),
+        cwd="/",
+    )
+
+
+def _run_all(cases: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run the cases side by side (each is a fresh interpreter: the real exit code)."""
+    started = {name: start(args) for name, args in cases.items()}
+    done = {}
+    for name, process in started.items():
+        out, err = process.communicate(timeout=60)
+        done[name] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return done
+
+
+def test_usage_errors_exit_64_with_one_stderr_line() -> None:
+    for name, result in _run_all(USAGE_ERRORS).items():
+        lines = result.stderr.splitlines()
+        assert result.returncode == 64, (name, result.returncode, result.stderr)
+        assert len(lines) == 1 and lines[0].startswith("rmqkit: error: "), (name, lines)
+        assert result.stdout == "", (name, result.stdout)
+
+
+def test_click_usage_errors_name_the_help_of_their_command() -> None:
+    cases = {k: USAGE_ERRORS[k] for k in ("no such command", "unknown option", "bad choice")}
+    cases["option without its value"] = USAGE_ERRORS["option without its value"]
+    done = _run_all(cases)
+    assert done["no such command"].stderr == (
+        "rmqkit: error: No such command 'stauts'. Did you mean 'status'? (see 'rmqkit --help')\n"
+    )
+    assert done["unknown option"].stderr.rstrip().endswith("(see 'rmqkit plan --help')")
+    assert "'--via'" in done["bad choice"].stderr
+    assert (
+        done["option without its value"]
+        .stderr.rstrip()
+        .endswith("(see 'rmqkit parking list --help')")
+    )
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["parking"], ["parking", "--help"], ["dedupe"]])
+def test_help_exits_0_on_stdout(args: list[str]) -> None:
+    result = _run_all({"help": args})["help"]
+    assert result.returncode == 0, result.stderr
+    assert "Usage" in result.stdout and result.stderr == ""
