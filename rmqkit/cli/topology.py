@@ -25,6 +25,11 @@ from rmqkit.fileout import check_output, output_mode, write_file
 from rmqkit.topology import declare_topology, export_definitions, load_topology, plan_topology
 
 FILE_ARG = typer.Argument(..., help="Topology file (TOML), e.g. topologies/orders.toml.")
+FILES_ARG = typer.Argument(
+    ...,
+    help="Topology file(s) (TOML), e.g. topologies/orders.toml. Several files meant for one "
+    "vhost are taken together: each file's objects are not the others' orphans.",
+)
 
 
 class ViaChoice(StrEnum):
@@ -52,14 +57,14 @@ def _via(value: ViaChoice) -> Literal["policy", "arguments"]:
 
 def declare(
     ctx: typer.Context,
-    file: Path = FILE_ARG,
+    files: list[Path] = FILES_ARG,
     via: ViaChoice = VIA_OPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the actions, change nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Make the broker match FILE. Stops before changing anything if a conflict exists (65)."""
+    """Make the broker match FILE(s). Stops before changing anything if a conflict exists (65)."""
     settings = settings_from(ctx)
-    topology = load_topology(file)
+    topology = [load_topology(file) for file in files]
     result = run_async(declare_topology(settings, topology, via=_via(via), dry_run=dry_run))
     plan = result.plan
     if as_json:
@@ -67,7 +72,8 @@ def declare(
         return
     if not result.applied:
         stdout.print(
-            f"No changes: the broker already matches {file} ({len(plan.in_sync)} objects in sync).",
+            f"No changes: the broker already matches {plan.source} "
+            f"({len(plan.in_sync)} objects in sync).",
             highlight=False,
         )
     else:
@@ -86,7 +92,7 @@ def declare(
 
 def plan(
     ctx: typer.Context,
-    file: Path = FILE_ARG,
+    files: list[Path] = FILES_ARG,
     via: ViaChoice = VIA_OPT,
     show_all: bool = typer.Option(
         False, "--all", help="List the objects already in sync too (default: changes only)."
@@ -99,17 +105,18 @@ def plan(
 ) -> None:
     """Show what `declare FILE` would do: the objects to create or change, conflicts, orphans.
 
+    Several files meant for one vhost are planned together (their union is what rmqkit owns).
     Objects already in sync are counted on the last line; --all lists them too.
     Exit codes (like `terraform plan -detailed-exitcode`): 0 in sync · 2 changes pending ·
     65 conflicts (the broker would reject the change or silently ignore it).
     """
     settings = settings_from(ctx)
-    topology = load_topology(file)
+    topology = [load_topology(file) for file in files]
     result = run_async(plan_topology(settings, topology, via=_via(via)))
     if as_json:
         print_json(plan_dict(result))
     else:
-        title = f"{file} against vhost {result.vhost!r}:"
+        title = f"{result.source} against vhost {result.vhost!r}:"
         print_plan(result, show_in_sync=show_all, title=title)
         last = summary_line(result) if show_all else changes_summary_line(result)
         stdout.print(last + ".", highlight=False)

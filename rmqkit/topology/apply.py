@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session
 from rmqkit.errors import BrokerUnavailable, TopologyConflict
 from rmqkit.settings import Settings
-from rmqkit.topology.expand import DesiredState, Via, expand
+from rmqkit.topology.expand import DesiredState, Via, expand_all
 from rmqkit.topology.model import Topology
 from rmqkit.topology.plan import Change, LiveState, Plan, compute_plan, read_live_state
 
@@ -31,16 +32,31 @@ class DeclareResult:
         return bool(self.applied)
 
 
+Topologies = Topology | Sequence[Topology]
+
+
+def _several(topology: Topologies) -> list[Topology]:
+    return [topology] if isinstance(topology, Topology) else list(topology)
+
+
+def source_of(topology: Topologies) -> str:
+    """The file names as a plan shows them: several files space-separated, as typed."""
+    return " ".join(t.source for t in _several(topology))
+
+
 async def _plan_with(
-    api: ManagementClient, topology: Topology, via: Via, version: tuple[int, int, int]
+    api: ManagementClient, topology: Topologies, via: Via, version: tuple[int, int, int]
 ) -> Plan:
     live = await read_live_state(api)
-    desired = expand(topology, via=via, broker_version=version)
-    return compute_plan(desired, live, source=topology.source, vhost=api.vhost)
+    desired = expand_all(_several(topology), via=via, broker_version=version)
+    return compute_plan(desired, live, source=source_of(topology), vhost=api.vhost)
 
 
-async def plan_topology(settings: Settings, topology: Topology, *, via: Via = "policy") -> Plan:
-    """Compare ``topology`` with the broker the settings point at (management API)."""
+async def plan_topology(settings: Settings, topology: Topologies, *, via: Via = "policy") -> Plan:
+    """Compare ``topology`` with the broker the settings point at (management API).
+
+    Several topologies (files meant for one vhost) are planned as their union: every file's
+    objects are "ours", so none is reported as another's orphan."""
     async with connection(settings, name="rmqkit plan") as conn:
         version = server_version(conn)
     async with management(settings) as api:
@@ -59,9 +75,10 @@ def conflict_error(plan: Plan) -> TopologyConflict:
 
 
 async def declare_topology(
-    settings: Settings, topology: Topology, *, via: Via = "policy", dry_run: bool = False
+    settings: Settings, topology: Topologies, *, via: Via = "policy", dry_run: bool = False
 ) -> DeclareResult:
-    """Make the broker match ``topology``; stop before changing anything on a conflict.
+    """Make the broker match ``topology`` (one or several files, as their union); stop before
+    changing anything on a conflict.
 
     Order matters: exchanges, then policies (so a queue never exists without its dead-letter
     wiring), then queues, then bindings. Existing objects are not redeclared.
@@ -89,10 +106,10 @@ async def declare_topology(
 
 
 async def _blind_plan(
-    conn: AbstractConnection, topology: Topology, version: tuple[int, int, int]
+    conn: AbstractConnection, topology: Topologies, version: tuple[int, int, int]
 ) -> Plan:
     """A plan from passive declares only (existence, not settings)."""
-    desired = expand(topology, via="arguments", broker_version=version)
+    desired = expand_all(_several(topology), via="arguments", broker_version=version)
     probes = Session.of(conn)  # passive declares on the session's probe channel
     changes: list[Change] = []
     for exchange in desired.exchanges:
@@ -117,7 +134,7 @@ async def _blind_plan(
         )
     for binding in desired.bindings:
         changes.append(Change("binding", binding.label, "change", "bound (idempotent)"))
-    return Plan(source=topology.source, vhost="", desired=desired, changes=changes)
+    return Plan(source=source_of(topology), vhost="", desired=desired, changes=changes)
 
 
 async def _apply(conn: AbstractConnection, api: ManagementClient | None, plan: Plan) -> None:

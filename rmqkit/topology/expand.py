@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rmqkit.durations import format_duration_ms
+from rmqkit.errors import TopologyFileError
 from rmqkit.topology.model import BUILTIN_EXCHANGE_PREFIX, Topology
 
 Via = Literal["policy", "arguments"]
@@ -220,3 +222,69 @@ def expand(
         via=via,
         policy_priority=model.policy_priority,
     )
+
+
+def expand_all(
+    topologies: Sequence[Topology],
+    *,
+    via: Via = "policy",
+    broker_version: tuple[int, int, int] = (3, 10, 0),
+) -> DesiredState:
+    """The union of several topology files meant for one vhost (``plan a.toml b.toml``).
+
+    An object two files both name must be the same in both (an exchange both bind to, a parking
+    queue lanes share); otherwise the files disagree and neither can be applied: TopologyFileError
+    naming both files. ``policy_priority`` is the first file's; each policy keeps its own file's.
+    """
+    states = [(t.source, expand(t, via=via, broker_version=broker_version)) for t in topologies]
+    if not states:
+        raise ValueError("expand_all needs at least one topology")
+    if len(states) == 1:
+        return states[0][1]
+    exchanges: dict[str, tuple[str, ExchangeSpec]] = {}
+    queues: dict[str, tuple[str, QueueSpec]] = {}
+    policies: dict[str, tuple[str, PolicySpec]] = {}
+    bindings: list[BindingSpec] = []
+    for source, state in states:
+        for exchange in state.exchanges:
+            _keep_one(exchanges, exchange.name, source, exchange, exchange, "exchange")
+        for queue in state.queues:
+            # Lanes of two files may share one parking queue: its settings must agree, the
+            # work queue it was first expanded for does not matter.
+            same = (queue.role, queue.settings, queue.delay_ms)
+            _keep_one(queues, queue.name, source, queue, same, "queue")
+        for policy in state.policies:
+            _keep_one(policies, policy.name, source, policy, policy.definition, "policy")
+        bindings.extend(b for b in state.bindings if b not in bindings)
+    first = states[0][1]
+    return DesiredState(
+        exchanges=[spec for _, spec in exchanges.values()],
+        queues=[spec for _, spec in queues.values()],
+        bindings=bindings,
+        policies=[spec for _, spec in policies.values()],
+        via=via,
+        policy_priority=first.policy_priority,
+    )
+
+
+def _keep_one(
+    seen: dict[str, tuple[str, Any]], name: str, source: str, spec: Any, same: Any, kind: str
+) -> None:
+    """Record ``spec`` under ``name`` unless an earlier file has it; a different one is an error."""
+    if name not in seen:
+        seen[name] = (source, spec)
+        return
+    first_source, first = seen[name]
+    first_same: Any
+    if kind == "queue":
+        first_same = (first.role, first.settings, first.delay_ms)
+    elif kind == "policy":
+        first_same = first.definition
+    else:
+        first_same = first
+    if first_same != same:
+        raise TopologyFileError(
+            source,
+            f"{kind} {name!r} is also in {first_source}, with other settings: one vhost can hold "
+            "only one of them (make the files agree, or rename it in one)",
+        )

@@ -152,6 +152,10 @@ def _queue_changes(
     # A queue to be created will be a quorum queue; an existing one has the type it has.
     qtype = "quorum" if found is None else str(found.get("type") or "classic")
     others = [p for p in live.policies.values() if p.get("name") != ours]
+    # Each file's policies keep that file's priority (several files are planned together).
+    priority = next(
+        (p.priority for p in desired.policies if p.name == ours), desired.policy_priority
+    )
     top = applying_policy(others, spec.name, qtype)
     top_other = next((p for p in others if as_policy(p) == top), None) if top else None
     operator = applying_policy(live.operator_policies, spec.name, qtype)
@@ -199,7 +203,7 @@ def _queue_changes(
                 ]
     # What would be in effect after declare: our policy applies unless another outranks it.
     if desired.via == "policy":
-        if top_other is not None and int(top_other.get("priority", 0)) >= desired.policy_priority:
+        if top_other is not None and int(top_other.get("priority", 0)) >= priority:
             return [
                 *changes,
                 Change(
@@ -208,7 +212,7 @@ def _queue_changes(
                     "conflict",
                     f"policy {top_other.get('name')!r} (priority {top_other.get('priority')}) "
                     f"matches this queue and outranks rmqkit's (priority "
-                    f"{desired.policy_priority}); only one policy applies, so ours would be "
+                    f"{priority}); only one policy applies, so ours would be "
                     "silently ignored",
                     f"set policy_priority in the topology file above {top_other.get('priority')}, "
                     f"or narrow the pattern of policy {top_other.get('name')!r} to exclude this "
@@ -316,17 +320,29 @@ def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: 
     return Plan(source=source, vhost=vhost, desired=desired, changes=changes)
 
 
+def _family_owner(name: str, work_queues: set[str]) -> str | None:
+    """The file's work queue whose wait queue ``name`` is (``W.wait.…``), if any."""
+    return next((w for w in sorted(work_queues) if name.startswith(w + ".wait.")), None)
+
+
 def _orphans(desired: DesiredState, live: LiveState, vhost: str) -> list[Change]:
     """rmqkit-made objects the file no longer names: reported, never deleted (they may hold
     messages, and a wait queue without its policy would keep them forever). Their fixes name
-    the vhost (``-p``) and quote for the shell, so they can be pasted as they are."""
+    the vhost (``-p``) and quote for the shell, so they can be pasted as they are.
+
+    Ownership follows the names rmqkit derives: a file owns its work queues and their wait
+    queues (``W.wait.…``), and the policies ``rmqkit.<those>``. An object derived from another
+    work queue belongs to whichever topology declares that work queue (another file in the same
+    vhost), so it is never this file's orphan. The name is the marker: it needs nothing added
+    to a queue (x-arguments cannot change on a live queue) and works with ``--via arguments``.
+    """
     where = f"-p {shlex.quote(vhost or '/')}"
     wanted_queues = {q.name for q in desired.queues}
     wanted_policies = {p.name for p in desired.policies}
     work_queues = {q.name for q in desired.queues if q.role == "work"}
     out: list[Change] = []
     for name, queue in sorted(live.queues.items()):
-        owner = next((w for w in work_queues if name.startswith(w + ".wait.")), None)
+        owner = _family_owner(name, work_queues)
         if owner and name not in wanted_queues:
             out.append(
                 Change(
@@ -340,7 +356,12 @@ def _orphans(desired: DesiredState, live: LiveState, vhost: str) -> list[Change]
             )
     if desired.via == "policy":
         for name in sorted(live.policies):
-            if name.startswith(POLICY_PREFIX) and name not in wanted_policies:
+            governed = name.removeprefix(POLICY_PREFIX)
+            if (
+                name.startswith(POLICY_PREFIX)
+                and name not in wanted_policies
+                and _family_owner(governed, work_queues) is not None
+            ):
                 out.append(
                     Change(
                         "policy",

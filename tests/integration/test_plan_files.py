@@ -4,6 +4,7 @@ files in one vhost, and the file named the same way on every command."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,85 @@ def test_plan_lists_only_the_changes_and_exits_2(declared: str, tmp_path: Path) 
     assert lines[1].startswith("change    policy   rmqkit.orders.work")
     assert "max-length=100000" in lines[1] and "max-length=5000" in lines[1]
     assert lines[-1] == "1 change; 45 objects in sync; --all to list them."
+
+
+A_TOML = """
+[exchanges.shop]
+type = "topic"
+
+[queues."a.work"]
+bind = [{ exchange = "shop", routing_key = "a.*" }]
+retry_delays = ["1s", "5s"]
+jitter_slots = 1
+"""
+
+B_TOML = """
+[exchanges.shop]
+type = "topic"
+
+[queues."b.work"]
+bind = [{ exchange = "shop", routing_key = "b.*" }]
+retry_delays = ["2s"]
+jitter_slots = 1
+"""
+
+
+@pytest.fixture
+def two_files(tmp_path: Path, fresh_vhost: Callable[[], str]) -> tuple[str, Path, Path]:
+    """a.toml and b.toml (different work queues, one shared exchange) declared into one vhost,
+    each by its own `rmqkit declare`, as two teams would."""
+    vhost = fresh_vhost()
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text(A_TOML)
+    b.write_text(B_TOML)
+    for path in (a, b):
+        result = broker.cli("declare", str(path), vhost=vhost)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return vhost, a, b
+
+
+def test_another_files_objects_are_not_orphans(two_files: tuple[str, Path, Path]) -> None:
+    vhost, a, b = two_files
+    assert {"b.work", "b.work.wait.2s", "b.work.parking"} <= broker.queue_names(vhost)
+    result = broker.cli("plan", str(a), "--json", vhost=vhost)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert data["summary"]["orphan"] == 0, [c for c in data["changes"] if c["action"] == "orphan"]
+    text = broker.cli("plan", str(a), vhost=vhost)
+    assert text.returncode == 0 and "b.work" not in text.stdout, text.stdout
+    # Declaring one file does not point at the other's objects either.
+    again = broker.cli("declare", str(b), vhost=vhost)
+    assert again.returncode == 0 and "No changes" in again.stdout
+    assert "a.work" not in again.stderr, again.stderr
+
+
+def test_several_files_are_planned_as_their_union(two_files: tuple[str, Path, Path]) -> None:
+    vhost, a, b = two_files
+    result = broker.cli("plan", str(a), str(b), "--json", vhost=vhost)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    names = {c["name"] for c in data["changes"]}
+    assert {"a.work", "b.work", "b.work.wait.2s", "rmqkit.a.work.wait.5s"} <= names
+    assert {c["action"] for c in data["changes"]} == {"in-sync"}
+
+
+def test_a_removed_tier_is_still_an_orphan_of_its_own_file(
+    two_files: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    vhost, _, _ = two_files
+    smaller = tmp_path / "a-smaller.toml"
+    smaller.write_text(A_TOML.replace('["1s", "5s"]', '["1s"]'))
+    result = broker.cli("plan", str(smaller), "--json", vhost=vhost)
+    orphans = {c["name"] for c in json.loads(result.stdout)["changes"] if c["action"] == "orphan"}
+    assert orphans == {"a.work.wait.5s", "rmqkit.a.work.wait.5s"}
+
+
+def test_files_that_disagree_on_an_object_are_refused(
+    two_files: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    vhost, a, _ = two_files
+    other = tmp_path / "c.toml"
+    other.write_text(A_TOML.replace("jitter_slots = 1", "jitter_slots = 1\nmax_length = 10"))
+    result = broker.cli("declare", str(a), str(other), vhost=vhost)
+    assert result.returncode == 65, result.stdout + result.stderr
+    assert "a.work" in result.stderr and str(a) in result.stderr, result.stderr

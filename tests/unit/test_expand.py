@@ -91,3 +91,27 @@ def test_export_document_shape() -> None:
             "arguments": {},
         }
     ]
+
+
+def test_expand_all_is_the_union_and_shares_identical_objects() -> None:
+    from rmqkit.topology.expand import expand_all
+
+    a = parse_topology('[exchanges.x]\n[queues."a.work"]\nretry_delays = ["1s"]\n', "a.toml")
+    b = parse_topology('[exchanges.x]\n[queues."b.work"]\nretry_delays = []\n', "b.toml")
+    merged = expand_all([a, b])
+    assert [e.name for e in merged.exchanges] == ["x"]
+    names = {q.name for q in merged.queues}
+    assert {"a.work", "a.work.parking", "b.work", "b.work.parking"} <= names
+    assert {p.name for p in merged.policies} >= {"rmqkit.a.work", "rmqkit.b.work"}
+
+
+def test_expand_all_refuses_files_that_disagree() -> None:
+    import pytest
+
+    from rmqkit.errors import TopologyFileError
+    from rmqkit.topology.expand import expand_all
+
+    a = parse_topology('[queues."a.work"]\nmax_length = 5\n', "a.toml")
+    other = parse_topology('[queues."a.work"]\nmax_length = 6\n', "c.toml")
+    with pytest.raises(TopologyFileError, match=r"c\.toml: queue 'a\.work' is also in a\.toml"):
+        expand_all([a, other])

@@ -217,3 +217,21 @@ def test_on_4x_an_operator_overflow_wins_over_our_policy() -> None:
     )
     assert change.action == "conflict"
     assert "overflow would be 'drop-head' (set by an operator policy)" in change.detail
+
+
+def test_objects_of_another_work_queue_are_not_orphans() -> None:
+    """Two topology files in one vhost: the other file's policies and wait queues belong to its
+    work queue, not to this file (issue 14)."""
+    live = _live(
+        policies={
+            name: {"name": name}
+            for name in (
+                "rmqkit.billing.work",
+                "rmqkit.billing.work.wait.1s",
+                "rmqkit.billing.work.parking",
+            )
+        },
+        queues={"billing.work.wait.1s": _quorum("billing.work.wait.1s")},
+    )
+    plan = compute_plan(expand(ORDERS), live, source="f", vhost="/")
+    assert plan.summary()["orphan"] == 0
