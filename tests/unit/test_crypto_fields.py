@@ -1,0 +1,332 @@
+"""Field-level encryption of JSON bodies (issue 16): round trips of every JSON type, nested
+and missing fields, tampering and moved envelopes, rotation, redaction, blind-index matching.
+
+On the code before rmqkit/crypto existed this module fails at import (no rmqkit.crypto).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from rmqkit.crypto import (
+    MARKER,
+    KeyRingError,
+    Matcher,
+    Undecryptable,
+    blind_index,
+    decrypt_fields,
+    encrypt_fields,
+    find_field,
+    generate_keyring,
+    redact_fields,
+)
+from rmqkit.errors import ConfigError, DataError, ExitCode
+
+VALUES: list[Any] = [
+    "Ada Lovelace",
+    "",
+    'şğüİ ユニコード \u0000 "quoted"',
+    0,
+    -17,
+    2**70,
+    3.25,
+    -0.0,
+    1e300,
+    True,
+    False,
+    None,
+    [],
+    [1, "two", None, {"three": 3}],
+    {},
+    {"b": 1, "a": [True, 2.5], "nested": {"x": None}},
+]
+
+
+@pytest.fixture(scope="module")
+def ring():
+    return generate_keyring()
+
+
+@pytest.mark.parametrize("value", VALUES, ids=[repr(v)[:30] for v in VALUES])
+def test_every_json_value_round_trips_as_bytes_and_parsed(ring, value) -> None:
+    body = {"id": 7, "customer": {"name": value, "city": "Izmir"}, "tax_id": value}
+    paths = ["customer.name", "tax_id"]
+    raw = json.dumps(body).encode()
+    sealed = encrypt_fields(raw, paths, ["tax_id"], ring)
+    assert isinstance(sealed, bytes)
+    parsed = json.loads(sealed)
+    assert parsed["id"] == 7 and parsed["customer"]["city"] == "Izmir"  # the rest stays readable
+    assert parsed["customer"]["name"][MARKER] == 1 and parsed["tax_id"][MARKER] == 1
+    assert json.loads(decrypt_fields(sealed, paths, ring)) == body
+    assert json.loads(decrypt_fields(sealed, None, ring)) == body  # every envelope found
+    # parsed in, parsed out; the input object is not modified
+    sealed_obj = encrypt_fields(body, paths, [], ring)
+    assert body["tax_id"] is value
+    assert decrypt_fields(sealed_obj, paths, ring) == body
+    # the result keeps the body's key order
+    assert list(json.loads(decrypt_fields(sealed, None, ring))) == ["id", "customer", "tax_id"]
+
+
+def test_types_are_kept_exactly(ring) -> None:
+    body = {"a": 1, "b": 1.0, "c": "1", "d": True, "e": None}
+    back = decrypt_fields(encrypt_fields(body, list(body), [], ring), None, ring)
+    assert [type(back[k]) for k in body] == [int, float, str, bool, type(None)]
+
+
+def test_the_envelope_is_the_documented_one(ring) -> None:
+    sealed = encrypt_fields({"tax_id": "123"}, ["tax_id"], ["tax_id"], ring)
+    envelope = sealed["tax_id"]
+    assert set(envelope) == {MARKER, "kid", "n", "ct", "bi"}
+    assert envelope["kid"] == ring.current_id
+    assert len(base64.b64decode(envelope["n"])) == 12
+    # ciphertext = JSON text of the value ('"123"', 5 bytes) + the 16-byte GCM tag
+    assert len(base64.b64decode(envelope["ct"])) == 5 + 16
+    assert envelope["bi"] == blind_index(ring, "tax_id", "123")
+    assert "123" not in json.dumps(sealed)
+    # a field that is not blind-indexed carries no "bi"
+    assert "bi" not in encrypt_fields({"x": "123"}, ["x"], [], ring)["x"]
+
+
+def test_nonces_are_fresh_so_equal_values_do_not_look_equal(ring) -> None:
+    a = encrypt_fields({"t": "same"}, ["t"], ["t"], ring)["t"]
+    b = encrypt_fields({"t": "same"}, ["t"], ["t"], ring)["t"]
+    assert a["n"] != b["n"] and a["ct"] != b["ct"]
+    assert a["bi"] == b["bi"]  # the blind index is what is meant to be equal
+
+
+def test_nested_paths_and_missing_fields_are_not_errors(ring) -> None:
+    body = {"order": {"customer": {"name": "Ada", "tax": {"id": "9"}}}, "list": [{"name": "x"}]}
+    paths = [
+        "order.customer.name",
+        "order.customer.tax.id",
+        "order.absent",
+        "absent.deeper",
+        "list.name",
+        "order.customer.name.too_deep",
+    ]
+    sealed = encrypt_fields(body, paths, [], ring)
+    assert sealed["order"]["customer"]["name"][MARKER] == 1
+    assert sealed["order"]["customer"]["tax"]["id"][MARKER] == 1
+    assert sealed["list"] == [{"name": "x"}]  # paths do not step into lists
+    assert decrypt_fields(sealed, paths, ring) == body
+    # a body where no path exists comes back as the very same object; so do non-objects
+    other = {"unrelated": 1}
+    assert encrypt_fields(other, paths, [], ring) is other
+    raw = b'{"unrelated": 1}'
+    assert encrypt_fields(raw, paths, [], ring) is raw
+    assert encrypt_fields([1, 2], paths, [], ring) == [1, 2]
+    assert encrypt_fields(b"[1, 2]", paths, [], ring) == b"[1, 2]"
+
+
+def test_only_the_objects_on_the_way_are_copied(ring) -> None:
+    side = {"big": list(range(10))}
+    body = {"side": side, "customer": {"name": "Ada"}}
+    sealed = encrypt_fields(body, ["customer.name"], [], ring)
+    assert sealed["side"] is side and body["customer"] == {"name": "Ada"}
+
+
+def test_encrypting_twice_leaves_an_envelope_alone(ring) -> None:
+    once = encrypt_fields(b'{"t": "x"}', ["t"], [], ring)
+    assert encrypt_fields(once, ["t"], [], ring) == once  # replay / relay: not double-wrapped
+
+
+def test_no_key_ring_refuses_to_encrypt_and_fails_to_decrypt(ring) -> None:
+    with pytest.raises(KeyRingError) as caught:
+        encrypt_fields(b'{"t": "x"}', ["t"], [], None)
+    assert caught.value.exit_code == ExitCode.CONFIG and "RMQKIT_KEYRING_FILE" in str(caught.value)
+    sealed = encrypt_fields(b'{"t": "x"}', ["t"], [], ring)
+    with pytest.raises(Undecryptable) as failed:
+        decrypt_fields(sealed, ["t"], None)
+    assert failed.value.reason == "no-keyring" and failed.value.path == "t"
+    assert "field t" in str(failed.value) and ring.current_id in str(failed.value)
+    # no paths configured: nothing to do, no key ring needed
+    assert encrypt_fields(b'{"t": "x"}', [], [], None) == b'{"t": "x"}'
+
+
+def test_a_body_that_is_not_json(ring) -> None:
+    with pytest.raises(DataError, match="not JSON"):
+        encrypt_fields(b"not json", ["t"], [], ring)
+    assert decrypt_fields(b"not json $rmqkit_enc", None, ring) == b"not json $rmqkit_enc"
+    assert redact_fields(b"\xff\xfe") == b"\xff\xfe"
+
+
+def test_bad_paths_are_configuration_errors(ring) -> None:
+    for paths, indexed in ((["a..b"], []), ([""], []), (["a"], ["b"])):
+        with pytest.raises(ConfigError):
+            encrypt_fields({"a": 1}, paths, indexed, ring)
+
+
+# --- tampering ----------------------------------------------------------------------------------
+def _sealed(ring) -> dict[str, Any]:
+    return encrypt_fields(
+        {"customer": {"name": "Ada"}, "tax_id": "123"},
+        ["customer.name", "tax_id"],
+        ["tax_id"],
+        ring,
+    )
+
+
+def _flip(text: str, at: int) -> str:
+    data = bytearray(base64.b64decode(text))
+    data[at] ^= 0x01
+    return base64.b64encode(bytes(data)).decode()
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda e: e.update(ct=_flip(e["ct"], 0)), "tampered"),
+        (lambda e: e.update(ct=_flip(e["ct"], -1)), "tampered"),  # the tag
+        (lambda e: e.update(n=_flip(e["n"], 5)), "tampered"),
+        (lambda e: e.update(ct=e["ct"][:-8] + "AAAAAAA="), "tampered"),
+        (lambda e: e.update(kid="k00000000"), "unknown-key"),
+        (lambda e: e.update(kid="bad id\nline"), "malformed"),
+        (lambda e: e.pop("n"), "malformed"),
+        (lambda e: e.update(ct="%%%"), "malformed"),
+        (lambda e: e.update(n=base64.b64encode(b"short").decode()), "malformed"),
+        (lambda e: e.update({MARKER: 2}), "malformed"),
+    ],
+    ids=[
+        "ct",
+        "tag",
+        "nonce",
+        "truncated",
+        "unknown-kid",
+        "bad-kid",
+        "no-nonce",
+        "not-base64",
+        "short-nonce",
+        "version",
+    ],
+)
+def test_a_changed_envelope_is_undecryptable_with_the_reason(ring, change, reason) -> None:
+    body = _sealed(ring)
+    change(body["tax_id"])
+    with pytest.raises(Undecryptable) as caught:
+        decrypt_fields(json.dumps(body).encode(), None, ring)
+    error = caught.value
+    assert error.reason == reason and error.path == "tax_id"
+    assert str(error).startswith(f"field tax_id: cannot decrypt ({reason}): ")
+    assert "\n" not in str(error) and "123" not in str(error)
+    assert isinstance(error, DataError) and error.exit_code == ExitCode.DATA
+
+
+def test_another_key_ids_key_does_not_open_it(ring) -> None:
+    other, new_key = ring.rotated()
+    body = _sealed(ring)
+    body["tax_id"]["kid"] = new_key.id  # relabelled: the key id is in the associated data
+    with pytest.raises(Undecryptable) as caught:
+        decrypt_fields(body, ["tax_id"], other)
+    assert caught.value.reason == "tampered"
+
+
+def test_an_unknown_key_id_names_the_ids_the_ring_has(ring) -> None:
+    foreign = generate_keyring()
+    body = _sealed(foreign)
+    with pytest.raises(Undecryptable) as caught:
+        decrypt_fields(body, None, ring)
+    assert caught.value.reason == "unknown-key" and caught.value.kid == foreign.current_id
+    assert ring.current_id in str(caught.value)
+
+
+@pytest.mark.parametrize("target", ["customer.name", "other", "items.0"])
+def test_an_envelope_moved_to_another_field_fails(ring, target) -> None:
+    body = _sealed(ring)
+    envelope = body.pop("tax_id")
+    if target == "customer.name":
+        body["customer"]["name"] = envelope
+    elif target == "other":
+        body["other"] = envelope
+    else:
+        body["items"] = [envelope]
+    with pytest.raises(Undecryptable) as caught:
+        decrypt_fields(body, None, ring)
+    assert caught.value.reason == "tampered" and caught.value.path == target
+
+
+def test_not_strict_marks_the_bad_field_and_decrypts_the_rest(ring) -> None:
+    body = _sealed(ring)
+    body["tax_id"]["ct"] = _flip(body["tax_id"]["ct"], 0)
+    shown = decrypt_fields(body, None, ring, strict=False)
+    assert shown["customer"]["name"] == "Ada"
+    assert shown["tax_id"] == f"[undecryptable kid={ring.current_id}: tampered]"
+
+
+# --- rotation -----------------------------------------------------------------------------------
+def test_rotation_keeps_old_values_readable_and_the_blind_index_stable(ring) -> None:
+    old_body = _sealed(ring)
+    rotated, key = ring.rotated()
+    assert rotated.current_id == key.id != ring.current_id
+    new_body = _sealed(rotated)
+    assert new_body["tax_id"]["kid"] == key.id and old_body["tax_id"]["kid"] == ring.current_id
+    for body in (old_body, new_body):
+        assert decrypt_fields(body, None, rotated)["tax_id"] == "123"
+    assert old_body["tax_id"]["bi"] == new_body["tax_id"]["bi"]
+    assert rotated.index_key.id == ring.index_key.id
+    matcher = Matcher.parse("tax_id=123", rotated)
+    assert matcher.matches(old_body) and matcher.matches(new_body)
+    # the ring before the rotation cannot read what the new key wrote: unknown key id
+    with pytest.raises(Undecryptable, match="unknown-key"):
+        decrypt_fields(new_body, None, ring)
+
+
+def test_a_staged_key_decrypts_but_does_not_encrypt(ring) -> None:
+    staged, key = ring.rotated(activate=False)
+    assert staged.current_id == ring.current_id and staged.has(key.id)
+    assert _sealed(staged)["tax_id"]["kid"] == ring.current_id
+    assert staged.activated(key.id).current_id == key.id
+    with pytest.raises(KeyRingError):
+        staged.activated("k-nope")
+
+
+# --- redaction and matching ---------------------------------------------------------------------
+def test_redaction_replaces_every_envelope_with_a_marker(ring) -> None:
+    raw = encrypt_fields(
+        b'{"a": {"b": "secret-b"}, "c": "secret-c", "d": 4}', ["a.b", "c"], ["c"], ring
+    )
+    shown = redact_fields(raw)
+    marker = f"[encrypted kid={ring.current_id}]"
+    assert json.loads(shown) == {"a": {"b": marker}, "c": marker, "d": 4}
+    assert json.loads(redact_fields(raw, ["c"]))["a"]["b"][MARKER] == 1  # only the paths given
+    assert redact_fields(b'{"plain": 1}') == b'{"plain": 1}'
+    assert redact_fields({"x": {MARKER: 1, "kid": 5}}) == {"x": "[encrypted kid=?]"}
+
+
+def test_matcher_compares_blind_indexes_without_the_encryption_keys(ring) -> None:
+    bodies = [
+        encrypt_fields({"tax_id": v, "n": i}, ["tax_id"], ["tax_id"], ring)
+        for i, v in enumerate(["123", 123, "124", None])
+    ]
+    bodies.append({"tax_id": "123", "n": 4})  # plaintext (published before encryption)
+    bodies.append({"n": 5})
+    bodies.append(encrypt_fields({"tax_id": "123", "n": 6}, ["tax_id"], [], ring))  # no index
+    found = [b["n"] for b in bodies if Matcher.parse("tax_id=123", ring).matches(b)]
+    assert found == [0, 1, 4]  # the string and the number, encrypted or not
+    assert [b["n"] for b in bodies if Matcher.parse('tax_id="123"', ring).matches(b)] == [0, 4]
+    assert [b["n"] for b in bodies if Matcher.parse("tax_id=null", ring).matches(b)] == [3]
+    raw = json.dumps(bodies[0]).encode()
+    assert Matcher.parse("tax_id=123", ring).matches(raw)
+    assert not Matcher.parse("tax_id=123", ring).matches(b"not json")
+    with pytest.raises(KeyRingError):
+        Matcher.parse("tax_id=123", None).matches(bodies[0])
+    with pytest.raises(ConfigError):
+        Matcher.parse("no-equals-sign", ring)
+
+
+def test_the_blind_index_is_bound_to_the_field_and_the_index_key(ring) -> None:
+    assert blind_index(ring, "tax_id", "1") != blind_index(ring, "vat_id", "1")
+    assert blind_index(ring, "tax_id", "1") != blind_index(generate_keyring(), "tax_id", "1")
+    # canonical JSON: object key order does not matter, types do
+    assert blind_index(ring, "p", {"a": 1, "b": 2}) == blind_index(ring, "p", {"b": 2, "a": 1})
+    assert blind_index(ring, "p", 1) != blind_index(ring, "p", 1.0)
+
+
+def test_find_field() -> None:
+    body = {"a": {"b": None}}
+    assert find_field(body, "a.b") == (True, None)
+    assert find_field(body, "a.c") == (False, None)
+    assert find_field(body, "a.b.c") == (False, None)
