@@ -15,6 +15,7 @@ guesses seconds vs milliseconds when decoding it. A fixed-width string reads the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -28,7 +29,8 @@ PREFIX: Final = "rmqkit-"
 ATTEMPT: Final = "rmqkit-attempt"
 """int: attempts made so far, i.e. the number of the delivery that failed (1 = first delivery)."""
 ERROR_TYPE: Final = "rmqkit-error-type"
-"""str: qualified type name of the last error (``pkg.mod.Cls``; builtins unqualified)."""
+"""str: type name of the last error: ``pkg.mod.Cls`` (builtins unqualified), and for a class
+rmqkit exports at top level its public name (``rmqkit.Permanent``, see ``public_type_name``)."""
 ERROR_MESSAGE: Final = "rmqkit-error-message"
 """str: ``str(exc)`` of the last error, at most ERROR_MESSAGE_MAX_CHARS characters."""
 ORIGIN_QUEUE: Final = "rmqkit-origin-queue"
@@ -226,3 +228,32 @@ def truncate_traceback(text: str, max_chars: int = TRACEBACK_MAX_CHARS) -> str:
     if max_chars <= len(TRUNCATION_MARK):
         return text[len(text) - max_chars :]
     return TRUNCATION_MARK + text[len(text) - (max_chars - len(TRUNCATION_MARK)) :]
+
+
+def public_type_name(name: str) -> str:
+    """The name an error type is stored and shown under (ERROR_TYPE, parking views, logs).
+
+    A class rmqkit exports at top level is named as users import it, not by the module that
+    defines it: ``rmqkit.consumer.message.Permanent`` -> ``rmqkit.Permanent`` (issue 14). Any
+    other name is returned as is. Parking views map names stored by older versions the same way,
+    so ``--error-type rmqkit.Permanent`` finds messages stored under either name.
+    """
+    return _public_names().get(name, name)
+
+
+@functools.cache
+def _public_names() -> dict[str, str]:
+    # Read from the package's own export table, so a class exported later is covered without a
+    # second list to keep in step. Strings only: nothing is imported for it.
+    import rmqkit
+
+    names: dict[str, str] = {}
+    lazy: Mapping[str, tuple[str, str | None]] = getattr(rmqkit, "_LAZY", {})
+    for public, (module, attribute) in lazy.items():
+        if attribute is not None:
+            names[f"{module}.{attribute}"] = f"rmqkit.{public}"
+    for public in getattr(rmqkit, "__all__", ()):
+        value = vars(rmqkit).get(public)
+        if isinstance(value, type):
+            names[f"{value.__module__}.{value.__qualname__}"] = f"rmqkit.{public}"
+    return names

@@ -13,7 +13,8 @@ Header policy of the copies (names in rmqkit.headers, described in docs/headers.
 * ORIGINAL_EXCHANGE / ORIGINAL_ROUTING_KEY and FIRST_FAILED_AT are written once and then kept: a
   retried copy comes back from its wait queue through the default exchange with the work queue's
   name as routing key, which must not overwrite where the producer sent it;
-* the last error (type, bounded message), LAST_FAILED_AT, HOST and PID describe the latest failure
+* the last error (type under its public name, rmqkit.headers.public_type_name; bounded
+  message), LAST_FAILED_AT, HOST and PID describe the latest failure
   on retries and parks alike, so an operator can see why a message is waiting;
 * a retry copy drops PARK_REASON and TRACEBACK left over from an earlier parking (after a replay),
   so its headers never mix two failures; a parked copy gets both.
@@ -252,7 +253,7 @@ def decide(
     context = _CopyContext(headers, policy, exchange, routing_key, now, host, pid, attempt)
 
     if isinstance(outcome, Undecodable):
-        error = _Error(outcome.exc_type, outcome.detail, outcome.traceback)
+        error = _Error(h.public_type_name(outcome.exc_type), outcome.detail, outcome.traceback)
         return context.park(h.ParkingReason.UNDECODABLE, error)
     if isinstance(outcome, TooLarge):
         message = f"body is {outcome.size_bytes} bytes, the limit is {outcome.limit_bytes} bytes"
@@ -269,7 +270,11 @@ def decide(
             outcome.error_type, f"handler did not finish within {outcome.timeout_s:g} s", ""
         )
     else:
-        error = _Error(outcome.exc_type, outcome.exc_message, outcome.traceback_text)
+        # Stored under its public name (rmqkit.Permanent); the permanent_errors match below
+        # keeps the qualified names, as the handler module spelled them.
+        error = _Error(
+            h.public_type_name(outcome.exc_type), outcome.exc_message, outcome.traceback_text
+        )
         if outcome.permanent or policy.is_permanent((outcome.exc_type, *outcome.base_types)):
             return context.park(h.ParkingReason.PERMANENT, error)
         requested_delay_s = outcome.retry_delay_s

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from rmqkit import headers as h
 from rmqkit.broker.management import ManagementClient
 from rmqkit.broker.policies import DEFAULT_SOURCE_4X, Effective, resolve_queue
 from rmqkit.broker.session import Channel, Delivery, Session
@@ -233,6 +235,12 @@ async def _one_pass(
             seen += 1
             stats.seen += 1
             message = ParkedMessage.from_delivery(tag, delivered.header.properties, delivered.body)
+            if message.error_type is not None:
+                # Older versions stored rmqkit's own errors by module path: show and filter
+                # them under the public name (rmqkit.Permanent), as new copies store them.
+                public = h.public_type_name(message.error_type)
+                if public != message.error_type:
+                    message = dataclasses.replace(message, error_type=public)
             verdict = await visit(message)
             if isinstance(verdict, asyncio.Future):
                 pending.add(verdict)

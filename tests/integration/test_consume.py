@@ -73,7 +73,7 @@ def test_mixed_outcomes_each_effect_once_and_poison_parked(
         assert headers["rmqkit-error-type"] and headers["rmqkit-error-message"]
         assert "x-death" not in headers
         if expected == "permanent":
-            assert headers["rmqkit-error-type"] == "rmqkit.consumer.message.Permanent"
+            assert headers["rmqkit-error-type"] == "rmqkit.Permanent"  # public name
             assert "is invalid" in headers["rmqkit-error-message"]
         assert message["body"] == dict(messages)[mid]
 

@@ -44,12 +44,41 @@ def test_retry_and_park_lines_name_the_error_type_and_message(
     parked = [line for line in log.splitlines() if "parked in" in line and permanent in line]
     assert len(parked) == 1, log[-3000:]
     assert (
-        f"parked in {PARKING}: permanent (rmqkit.consumer.message.Permanent: "
-        f"job {permanent} is invalid)" in parked[0]
+        f"parked in {PARKING}: permanent (rmqkit.Permanent: job {permanent} is invalid)"
+        in parked[0]
     ), parked[0]
-    # the broker holds what the log says: the parked copy is the permanent one
-    held = broker.drain(jobs_vhost, PARKING)
-    assert [m["message_id"] for m in held] == [permanent]
+
+    # Public names (issue 14): a message parked by an older version stored the module path;
+    # parking views show both under rmqkit.Permanent and every spelling of the filter finds both.
+    old = uuid.uuid4().hex
+    broker.publish_with_ids(
+        jobs_vhost,
+        "",
+        PARKING,
+        [(old, body(id=old))],
+        headers=lambda _: {
+            "rmqkit-park-reason": "permanent",
+            "rmqkit-error-type": "rmqkit.consumer.message.Permanent",
+            "rmqkit-error-message": "parked by an older rmqkit",
+            "rmqkit-origin-queue": "jobs.work",
+        },
+    )
+    for pattern in ("rmqkit.Permanent", "Permanent", "rmqkit.*"):
+        listed = broker.cli_json_lines(
+            "parking", "list", PARKING, "--error-type", pattern, "--json", vhost=jobs_vhost
+        )
+        assert {m["message_id"]: m["error_type"] for m in listed} == {
+            permanent: "rmqkit.Permanent",
+            old: "rmqkit.Permanent",
+        }, (pattern, listed)
+    stats = json.loads(broker.cli("parking", "stats", PARKING, "--json", vhost=jobs_vhost).stdout)
+    assert stats["by_error_type"] == {"rmqkit.Permanent": 2}, stats
+
+    # the broker holds what the log says: the parked copy is the permanent one, stored under
+    # the public name
+    held = {m["message_id"]: m["headers"] for m in broker.drain(jobs_vhost, PARKING)}
+    assert held.keys() == {permanent, old}
+    assert held[permanent]["rmqkit-error-type"] == "rmqkit.Permanent"
 
 
 def test_parking_stats_check_prints_the_nagios_status_line_first(jobs_vhost: str) -> None:
