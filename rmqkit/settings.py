@@ -97,6 +97,12 @@ class Settings(BaseSettings):
         """The virtual host all URLs point at."""
         return vhost_of(self.amqp_urls[0])
 
+    def for_vhost(self, vhost: str) -> Settings:
+        """These settings with every URL pointed at ``vhost`` (the global ``--vhost``): AMQP
+        connections and the management API (scoped by ``vhost``) both follow it."""
+        urls = ",".join(with_vhost(url, vhost) for url in self.amqp_urls)
+        return self.model_copy(update={"url": SecretStr(urls)})
+
     @property
     def uses_tls(self) -> bool:
         return urlsplit(self.amqp_urls[0]).scheme == "amqps"

@@ -17,9 +17,13 @@ T = TypeVar("T")
 
 
 def settings_from(ctx: typer.Context) -> Settings:
-    """Settings with the global flags applied over environment, .env and defaults."""
+    """Settings with the global flags applied over environment, .env and defaults; ``--vhost``
+    (given before or after the command) points every URL at that vhost."""
     overrides: dict[str, Any] = dict(ctx.find_root().obj or {})
-    return load_settings(**overrides)
+    vhost = overrides.pop("vhost", None)
+    overrides.pop("non_interactive", None)
+    settings = load_settings(**overrides)
+    return settings if vhost is None else settings.for_vhost(vhost)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

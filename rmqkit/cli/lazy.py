@@ -14,6 +14,7 @@ import ast
 import difflib
 import importlib
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,8 +90,15 @@ class LazyGroup(TyperGroup):
             return None
         if self._listing:  # the command list only needs its name and help
             return typer.core.TyperCommand(name=cmd_name, help=lazy.summary())
-        self._loaded[cmd_name] = lazy.load()
-        return self._loaded[cmd_name]
+        command = lazy.load()
+        _share(command, self.shared_params)
+        self._loaded[cmd_name] = command
+        return command
+
+    def shared_params(self) -> list[Any]:
+        """Fresh click parameters every command of this group also takes (a global option
+        repeated on each command, as ``rmqkit parking list --vhost V``); none by default."""
+        return []
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         try:
@@ -112,6 +120,18 @@ class LazyGroup(TyperGroup):
             super().format_help(ctx, formatter)
         finally:
             self._listing = False
+
+
+def _share(command: Any, make: Callable[[], list[Any]]) -> None:
+    """Give ``command`` (each command of it, if a group) the parameters ``make`` returns,
+    except those whose flags it already has: a command's own option wins (`export --vhost`)."""
+    subcommands = getattr(command, "commands", None)
+    if isinstance(subcommands, dict):
+        for sub in subcommands.values():
+            _share(sub, make)
+        return
+    taken = {flag for param in command.params for flag in param.opts}
+    command.params.extend(p for p in make() if not taken & set(p.opts))
 
 
 __all__ = ["LazyCommand", "LazyGroup"]

@@ -18,6 +18,40 @@ from rmqkit._version import __version__
 from rmqkit.cli.lazy import LazyCommand, LazyGroup
 from rmqkit.errors import ExitCode, RmqkitError
 
+VHOST_HELP = (
+    "Work in this virtual host instead of the one RMQKIT_URL/--url names (AMQP and the "
+    "management API); also accepted after the command."
+)
+
+
+def keep_global(name: str) -> Any:
+    """The callback of a global option repeated on a command (``rmqkit parking list --vhost
+    V``): the value joins the root's (``rmqkit --vhost V parking list``), where
+    ``settings_from`` reads it; absent, it leaves the root's value alone."""
+
+    def keep(ctx: typer.Context, value: Any) -> Any:
+        if value is not None and value is not False:
+            root = ctx.find_root()
+            if root.obj is None:
+                root.obj = {}
+            root.obj[name] = value
+        return value
+
+    return keep
+
+
+def _repeated(
+    vhost: str | None = typer.Option(
+        None,
+        "--vhost",
+        help=VHOST_HELP,
+        callback=keep_global("vhost"),
+        expose_value=False,
+        show_default=False,
+    ),
+) -> None:
+    """The global options every command repeats (their click parameters are taken from here)."""
+
 
 class Commands(LazyGroup):
     """rmqkit's commands, in the order --help lists them; each module is imported only when
@@ -36,6 +70,11 @@ class Commands(LazyGroup):
         LazyCommand("outbox", "rmqkit.cli.outbox", "app", group=True),
         LazyCommand("dedupe", "rmqkit.cli.dedupe", "app", group=True),
     )
+
+    def shared_params(self) -> list[Any]:
+        holder = typer.Typer(add_completion=False)
+        holder.command()(_repeated)
+        return list(typer.main.get_command(holder).params)
 
 
 app = typer.Typer(
@@ -67,6 +106,7 @@ def root(
     management_url: str | None = typer.Option(
         None, "--management-url", help="Management API URL. Overrides RMQKIT_MANAGEMENT_URL."
     ),
+    vhost: str | None = typer.Option(None, "--vhost", help=VHOST_HELP, show_default=False),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
@@ -89,7 +129,7 @@ def root(
     )
     for name in ("aiormq", "aio_pika", "httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
-    ctx.obj = {"url": url, "management_url": management_url}
+    ctx.obj = {"url": url, "management_url": management_url, "vhost": vhost}
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+import typer
+
+from rmqkit.cli.main import app
 
 USAGE_ERRORS = {
     "no such command": ["stauts"],
@@ -34,14 +38,17 @@ def environment(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def start(
+    args: list[str], env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.Popen[str]:
     """`python -m rmqkit ARGS` from a neutral directory (no .env, and the checkout on the path
-    only through the installed package or PYTHONPATH), stdin not a terminal."""
+    only through the installed package or PYTHONPATH), stdin not a terminal (a pipe given
+    ``stdin``, else /dev/null)."""
     return subprocess.Popen(
         [sys.executable, "-m", "rmqkit", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
         text=True,
         env=env or environment(),
         cwd="/",
@@ -87,3 +94,30 @@ def test_help_exits_0_on_stdout(args: list[str]) -> None:
     result = _run_all({"help": args})["help"]
     assert result.returncode == 0, result.stderr
     assert "Usage" in result.stdout and result.stderr == ""
+
+
+def every_command() -> list[tuple[str, Any]]:
+    """(path, click command) of the root and every command, lazy ones loaded (groups walked)."""
+    root = typer.main.get_command(app)
+    found: list[tuple[str, Any]] = [("rmqkit", root)]
+
+    def walk(path: str, group: Any, ctx: typer.Context) -> None:
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            if isinstance(getattr(command, "commands", None), dict):
+                walk(f"{path} {name}", command, typer.Context(command, ctx, info_name=name))
+            else:
+                found.append((f"{path} {name}", command))
+
+    walk("rmqkit", root, typer.Context(root, info_name="rmqkit"))
+    return found
+
+
+def test_every_command_takes_vhost() -> None:
+    """`--vhost` on every command's own --help, as rabbitmqadmin v2 has it (the global option
+    repeated on each command); before, only `export` had one."""
+    commands = every_command()
+    assert len(commands) > 20, commands
+    for path, command in commands:
+        flags = {flag for param in command.params for flag in getattr(param, "opts", [])}
+        assert "--vhost" in flags, path
