@@ -8,6 +8,14 @@ copy (nacked: a full bounded queue; returned: no such queue) does not exist: the
 held for the target's backoff and put back with ``basic.reject(requeue=True)``
 (rmqkit.consumer.refusals says why a reject and not a nack).
 
+The handler's traceback is logged once per message: with the line of its first failure
+(attempt 1, by the attempt number the copies carry, so the same in every worker and after a
+restart), as ``exc`` in JSON logs or the lines after it in text. Later retry lines and the park
+line carry the error's type and message only; the parked copy stores the last traceback
+(``rmqkit-traceback``, ``rmqkit parking show``). A message that fails N times and is parked thus
+puts one traceback in the log, and one that fails once and then succeeds still has its cause
+there.
+
 Failure path only: nothing here runs for a delivery whose handler succeeded.
 """
 
@@ -54,9 +62,11 @@ class CopySender:
         tracker: AckTracker,
         tag: int,
         attempt: int,
+        traceback: Callable[[], str] | None = None,
     ) -> None:
         """Publish ``decision``'s copy of ``delivered`` on ``channel`` (the consumer's current
-        one) and settle the original (tag ``tag``)."""
+        one) and settle the original (tag ``tag``). ``traceback`` formats the handler's
+        traceback; it is called, and logged, only for a confirmed copy of attempt 1."""
         props = delivered.header.properties
         copy = copy_properties(props, decision.headers)
         extra = {"message_id": props.message_id, "attempt": attempt}
@@ -81,6 +91,10 @@ class CopySender:
             self._refusals.confirmed(target)
             error_type, message = _failure(decision.headers)
             extra["error_type"] = error_type
+            if attempt == 1 and traceback is not None:
+                text = traceback()
+                if text:
+                    extra["traceback"] = text
             if isinstance(decision, Park):
                 self._metrics.parked(decision.reason.value)
                 log.warning(

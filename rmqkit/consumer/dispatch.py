@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Callable
 from datetime import UTC, datetime
 from time import perf_counter
 from typing import Any
@@ -31,10 +32,12 @@ from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.copies import CopySender
 from rmqkit.consumer.decision import (
     Ack,
+    Failed,
     HandlerTimeout,
     MissingMessageId,
     Success,
     TooLarge,
+    Undecodable,
     decide,
 )
 from rmqkit.consumer.dedupe import DedupeStep
@@ -54,6 +57,16 @@ def _as_datetime(value: object) -> datetime | None:
     if isinstance(value, Timestamp):
         return value.to_datetime()
     return value if isinstance(value, datetime) else None
+
+
+def _traceback_of(outcome: object) -> Callable[[], str] | None:
+    """How to format the handler's traceback of a failed outcome (None: it has none)."""
+    if isinstance(outcome, Failed):
+        return outcome.traceback_text
+    if isinstance(outcome, Undecodable) and outcome.traceback:
+        text = outcome.traceback
+        return lambda: text
+    return None
 
 
 class Dispatcher:
@@ -192,7 +205,9 @@ class Dispatcher:
         if isinstance(decision, Ack):
             self._finished(tracker, tag)
             return
-        await self._copies.send(self._channel, delivered, decision, tracker, tag, attempt)
+        await self._copies.send(
+            self._channel, delivered, decision, tracker, tag, attempt, _traceback_of(outcome)
+        )
 
     def _check_threads(self, threads: HandlerThreads) -> None:
         """After a sync handler's timeout: if stuck calls now hold the handler threads, say so

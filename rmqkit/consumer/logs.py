@@ -11,7 +11,8 @@
 
 The context fields are ``CONTEXT_FIELDS``, passed with ``extra=``; ``message_extra()`` builds that
 dict for a message. A field whose value is None is left out. An exception's traceback is the
-``exc`` field in JSON and follows the line in text.
+``exc`` field in JSON and follows the line in text; so is a traceback already formatted, passed
+as ``extra={"traceback": text}`` (the handler's, logged once per message: rmqkit.consumer.copies).
 
 Only the standard library; safe to call more than once (the handler it installed before is
 replaced, as is a plain stream handler left on the root logger by ``logging.basicConfig``, so
@@ -84,6 +85,8 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
             out["exc"] = record.exc_text
+        elif fields.get("traceback"):
+            out["exc"] = str(fields["traceback"]).rstrip("\n")
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
         return json.dumps(out, default=str)
@@ -113,6 +116,8 @@ class TextFormatter(logging.Formatter):
             line = f"{line}\n{self.formatException(record.exc_info)}"
         elif record.exc_text:
             line = f"{line}\n{record.exc_text}"
+        elif fields.get("traceback"):
+            line = f"{line}\n{str(fields['traceback']).rstrip(chr(10))}"
         if record.stack_info:
             line = f"{line}\n{self.formatStack(record.stack_info)}"
         return line

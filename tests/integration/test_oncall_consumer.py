@@ -145,3 +145,63 @@ def test_json_lines_from_supervisor_and_worker(
 
 
 LOGGERS = ("rmqkit.supervisor", "rmqkit.consumer")
+
+
+def _records(log: str) -> list[str]:
+    """Log records: a line with a timestamp and the continuation lines (a traceback) after it."""
+    records: list[str] = []
+    for line in log.splitlines():
+        if ISO_LINE.match(line) or not records:
+            records.append(line)
+        else:
+            records[-1] += "\n" + line
+    return records
+
+
+def test_the_handler_traceback_is_logged_once_per_message(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """Issue 14: the traceback goes with the line of the message's first failure, once: a
+    message failing every attempt (4, then parked exhausted) has one traceback in the log, so
+    has one that fails once and then succeeds, and one parked as permanent at once."""
+    exhausted, flaky, permanent = (uuid.uuid4().hex for _ in range(3))
+    broker.publish_with_ids(
+        jobs_vhost,
+        "jobs",
+        "job",
+        [
+            (exhausted, body(id=exhausted, fail=99)),
+            (flaky, body(id=flaky, fail=1)),
+            (permanent, body(id=permanent, permanent=True)),
+        ],
+    )
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger)
+    consumers.append(consumer)
+    assert wait_until(
+        lambda: broker.depths(jobs_vhost, [PARKING])[PARKING] == 2, timeout_s=40
+    ), consumer.output()
+    assert wait_until(lambda: flaky in effects(ledger), timeout_s=10)
+    assert consumer.stop() == 0, consumer.output()
+    records = _records(consumer.output())
+
+    def about(mid: str) -> list[str]:
+        return [r for r in records if f"message_id={mid}" in r.split("\n", 1)[0]]
+
+    for mid, failures in ((exhausted, 4), (flaky, 1), (permanent, 1)):
+        lines = about(mid)
+        decided = [r for r in lines if "retry via" in r or "parked in" in r]
+        assert len(decided) == failures, lines
+        traced = [r for r in lines if "Traceback (most recent call last)" in r]
+        assert len(traced) == 1, lines
+        assert traced[0] is decided[0]  # with the first failure (attempt 1)
+        assert "attempt=1 " in traced[0].split("\n", 1)[0]
+    # each traceback is the handler's own, ending in its error
+    assert "ConnectionError: downstream timed out on attempt 1" in about(exhausted)[0]
+    assert f"Permanent: job {permanent} is invalid" in about(permanent)[0]
+    assert consumer.output().count("Traceback (most recent call last)") == 3
+    # the broker holds the two parked messages, the last traceback stored with each
+    held = {m["message_id"]: m["headers"] for m in broker.drain(jobs_vhost, PARKING)}
+    assert held.keys() == {exhausted, permanent}
+    assert held[exhausted]["rmqkit-park-reason"] == "exhausted"
+    assert "on attempt 4" in held[exhausted]["rmqkit-traceback"]

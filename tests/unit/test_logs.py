@@ -181,3 +181,22 @@ def test_message_extra() -> None:
     with pytest.raises(TypeError, match="unknown log context field"):
         message_extra("m", 1, colour="red")
     assert set(CONTEXT_FIELDS) >= {"message_id", "attempt", "queue", "delivery_tag", "tier"}
+
+
+def test_a_formatted_traceback_follows_the_line_in_text_and_is_exc_in_json() -> None:
+    """The handler's traceback, already formatted (the copy sender logs it once per message)."""
+    trace = 'Traceback (most recent call last):\n  File "h.py", line 1\nKeyError: \'x\'\n'
+    for fmt in ("text", "json"):
+        out = io.StringIO()
+        configure_logging(fmt, stream=out)  # type: ignore[arg-type]
+        logging.getLogger("rmqkit.consumer").info(
+            "retry via q.wait: KeyError: 'x'", extra={"message_id": "m-1", "traceback": trace}
+        )
+        text = out.getvalue()
+        if fmt == "json":
+            (line,) = text.splitlines()
+            assert json.loads(line)["exc"] == trace.rstrip("\n")
+        else:
+            first, *rest = text.rstrip("\n").split("\n")
+            assert re.match(TS + r" INFO rmqkit.consumer: retry via q.wait", first)
+            assert "\n".join(rest) == trace.rstrip("\n")
