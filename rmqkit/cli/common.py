@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -24,6 +25,21 @@ def settings_from(ctx: typer.Context) -> Settings:
     overrides.pop("non_interactive", None)
     settings = load_settings(**overrides)
     return settings if vhost is None else settings.for_vhost(vhost)
+
+
+def may_ask(ctx: typer.Context) -> bool:
+    """Whether a command may ask the user: not with --non-interactive (or
+    RMQKIT_NON_INTERACTIVE=1), nor when stdin is not a terminal (a script, a pipe, cron)."""
+    return not (ctx.find_root().obj or {}).get("non_interactive") and sys.stdin.isatty()
+
+
+def confirm(ctx: typer.Context, question: str, what: str) -> bool:
+    """Ask ``question`` (on stderr) if the command may ask; else refuse with one line naming
+    ``what`` it would have done (a usage error, exit 64), having done none of it."""
+    if not may_ask(ctx):
+        why = "stdin is not a terminal" if not sys.stdin.isatty() else "--non-interactive"
+        raise UsageError(f"{what}: refusing without --yes ({why}); nothing was done")
+    return typer.confirm(question, err=True)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

@@ -24,6 +24,12 @@ VHOST_HELP = (
 )
 
 
+NON_INTERACTIVE_HELP = (
+    "Never ask: a command that would ask (`parking purge` without --yes) refuses with exit 64 "
+    "instead. Also RMQKIT_NON_INTERACTIVE=1, and implied when stdin is not a terminal."
+)
+
+
 def keep_global(name: str) -> Any:
     """The callback of a global option repeated on a command (``rmqkit parking list --vhost
     V``): the value joins the root's (``rmqkit --vhost V parking list``), where
@@ -46,6 +52,15 @@ def _repeated(
         "--vhost",
         help=VHOST_HELP,
         callback=keep_global("vhost"),
+        expose_value=False,
+        show_default=False,
+    ),
+    non_interactive: bool = typer.Option(
+        False,
+        "--non-interactive",
+        envvar="RMQKIT_NON_INTERACTIVE",
+        help=NON_INTERACTIVE_HELP,
+        callback=keep_global("non_interactive"),
         expose_value=False,
         show_default=False,
     ),
@@ -107,6 +122,13 @@ def root(
         None, "--management-url", help="Management API URL. Overrides RMQKIT_MANAGEMENT_URL."
     ),
     vhost: str | None = typer.Option(None, "--vhost", help=VHOST_HELP, show_default=False),
+    non_interactive: bool = typer.Option(
+        False,
+        "--non-interactive",
+        envvar="RMQKIT_NON_INTERACTIVE",
+        help=NON_INTERACTIVE_HELP,
+        show_default=False,
+    ),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
@@ -129,7 +151,12 @@ def root(
     )
     for name in ("aiormq", "aio_pika", "httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
-    ctx.obj = {"url": url, "management_url": management_url, "vhost": vhost}
+    ctx.obj = {
+        "url": url,
+        "management_url": management_url,
+        "vhost": vhost,
+        "non_interactive": non_interactive,
+    }
 
 
 def run(argv: list[str] | None = None) -> None:

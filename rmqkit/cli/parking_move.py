@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.common import confirm, run_async, settings_from
 from rmqkit.cli.parking_options import (
     Selection,
     explain_no_match,
@@ -130,7 +130,9 @@ def purge_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would be purged."),
 ) -> None:
     """Delete parked messages: all, or those matching the filters. Asks first unless --yes,
-    and then deletes only the messages it counted: ones parked while it asked stay."""
+    and then deletes only the messages it counted: ones parked while it asked stay. Where it
+    cannot ask (--non-interactive, RMQKIT_NON_INTERACTIVE=1, stdin not a terminal) it refuses
+    without --yes (exit 64) and deletes nothing."""
     settings = settings_from(ctx)
     name, flt = sel.queue, sel.flt
     if ids_from is not None:
@@ -144,9 +146,8 @@ def purge_cmd(
         if counted.count == 0:
             print(f"nothing to purge in {name}")
             return
-        if not sys.stdin.isatty():
-            raise UsageError("purge needs --yes when not run from a terminal")
-        if not typer.confirm(f"Purge {counted.count} message(s) from {name}?", err=True):
+        question = f"Purge {counted.count} message(s) from {name}?"
+        if not confirm(ctx, question, f"purge {counted.count} message(s) from {name}"):
             raise typer.Exit(ExitCode.OK)
         purged = run_async(purge_parked(settings, name, flt, only=counted.identities))
         gone = counted.count - purged.count

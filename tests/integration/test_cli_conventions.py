@@ -1,14 +1,19 @@
-"""CLI conventions (issue 14) against the real broker: ``--vhost`` on every command.
+"""CLI conventions (issue 14) against the real broker.
 
-``--vhost NAME`` (before or after the command, as rabbitmqadmin v2 takes it) points both the
-AMQP connection and the management API at NAME, whatever vhost RMQKIT_URL names. Every command
-runs in a subprocess from a neutral directory (PYTHONPATH kept), so exit codes are the real ones.
+- ``--vhost NAME`` (before or after the command, as rabbitmqadmin v2 takes it) points both the
+  AMQP connection and the management API at NAME, whatever vhost RMQKIT_URL names.
+- A command that asks (``parking purge``) never asks where it cannot: ``--non-interactive``,
+  RMQKIT_NON_INTERACTIVE=1, stdin not a terminal; it refuses (exit 64) and destroys nothing.
+
+Every command runs in a subprocess from a neutral directory (PYTHONPATH kept): real exit codes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,11 +51,7 @@ def _parked_headers() -> dict[str, Any]:
 def target(vhost: str) -> str:
     """The vhost the commands are pointed at with --vhost: orders.toml declared, PARKED parked."""
     broker.run(declare_topology(broker.settings_for(vhost), load_topology(ORDERS)))
-    broker.publish_exact(
-        vhost,
-        "",
-        [(PARKING, uuid.uuid4().hex, b'{"id": 1}', _parked_headers()) for _ in range(PARKED)],
-    )
+    _park(vhost, PARKED)
     return vhost
 
 
@@ -99,3 +100,61 @@ def test_vhost_before_or_after_a_parking_command_reaches_amqp(target: str, decoy
     assert broker.depths(target, [PARKING])[PARKING] == PARKED  # browsing took none
     missing = cli("parking", "list", PARKING, vhost=decoy)  # not in the URL's vhost
     assert missing.returncode != 0 and PARKING in missing.stderr
+
+
+def _park(vhost: str, n: int) -> None:
+    broker.publish_exact(
+        vhost,
+        "",
+        [(PARKING, uuid.uuid4().hex, b'{"id": 1}', _parked_headers()) for _ in range(n)],
+    )
+
+
+def _on_a_terminal(decoy: str, *args: str, **env: str) -> tuple[int, str]:
+    """`rmqkit ARGS` with stdin a terminal (a pty) on which "y" is already typed: only the
+    non-interactive setting keeps a command from asking and going ahead."""
+    master, slave = os.openpty()
+    try:
+        os.write(master, b"y\n")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rmqkit", *args],
+            stdin=slave,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd="/",
+            env=environment(
+                RMQKIT_URL=with_vhost(broker.BASE_URL, decoy),
+                RMQKIT_MANAGEMENT_URL=broker.MGMT,
+                **env,
+            ),
+        )
+        _, err = process.communicate(timeout=60)
+    finally:
+        os.close(slave)
+        os.close(master)
+    return process.returncode, err
+
+
+def test_purge_never_asks_when_it_cannot_and_deletes_nothing(target: str, decoy: str) -> None:
+    """Without --yes, where it cannot ask (stdin not a terminal; --non-interactive before or
+    after the command; RMQKIT_NON_INTERACTIVE=1): exit 64, one line, the lane as it was."""
+    piped = cli("parking", "purge", PARKING, "--vhost", target, vhost=decoy, stdin="y\n")
+    assert piped.returncode == 64, piped.stderr
+    assert piped.stderr.startswith(f"rmqkit: error: purge {PARKED} message(s) from {PARKING}")
+    assert "refusing without --yes" in piped.stderr and len(piped.stderr.splitlines()) == 1
+    purge = ("parking", "purge", PARKING, "--vhost", target)
+    for args, env in [
+        ((*purge, "--non-interactive"), {}),
+        (("--non-interactive", *purge), {}),
+        (purge, {"RMQKIT_NON_INTERACTIVE": "1"}),
+    ]:
+        code, err = _on_a_terminal(decoy, *args, **env)
+        assert code == 64 and "refusing without --yes (--non-interactive)" in err, (args, err)
+        assert len(err.splitlines()) == 1, err
+    assert broker.depths(target, [PARKING])[PARKING] == PARKED
+    # The same terminal, allowed to ask: it asks, reads the "y" and purges (then re-park).
+    code, err = _on_a_terminal(decoy, *purge)
+    assert code == 0 and f"Purge {PARKED} message(s)" in err, err
+    assert broker.depths(target, [PARKING])[PARKING] == 0
+    _park(target, PARKED)
