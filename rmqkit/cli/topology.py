@@ -1,4 +1,8 @@
-"""`rmqkit declare | plan | export`: topology files against the broker."""
+"""`rmqkit declare | plan | export`: topology files against the broker.
+
+The file is named as on every other command, ``--topology/-t FILE``; these three also take it
+as their first argument (the older form, kept so existing scripts and runbooks work).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Literal
 import typer
 
 from rmqkit.broker.amqp import connection, parse_version, server_version
-from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.common import run_async, settings_from, topology_option
 from rmqkit.cli.render import (
     changes_summary_line,
     plan_dict,
@@ -24,12 +28,55 @@ from rmqkit.errors import ConfigError, ExitCode, RmqkitError, UsageError
 from rmqkit.fileout import check_output, output_mode, write_file
 from rmqkit.topology import declare_topology, export_definitions, load_topology, plan_topology
 
-FILE_ARG = typer.Argument(..., help="Topology file (TOML), e.g. topologies/orders.toml.")
-FILES_ARG = typer.Argument(
-    ...,
-    help="Topology file(s) (TOML), e.g. topologies/orders.toml. Several files meant for one "
-    "vhost are taken together: each file's objects are not the others' orphans.",
+FILE_ARG = typer.Argument(
+    None,
+    help="Topology file (TOML), e.g. topologies/orders.toml; the same as --topology FILE.",
+    show_default=False,
+    metavar="FILE",
 )
+FILES_ARG = typer.Argument(
+    None,
+    help="Topology file(s) (TOML), e.g. topologies/orders.toml; the same as --topology FILE. "
+    "Several files meant for one vhost are taken together: each file's objects are not the "
+    "others' orphans.",
+    show_default=False,
+    metavar="FILE",
+)
+TOPOLOGIES_OPT = typer.Option(
+    None,
+    "--topology",
+    "-t",
+    help="Topology file (TOML), as on every rmqkit command; repeat it for several files meant "
+    "for one vhost. The file may also be given as the first argument.",
+    show_default=False,
+    metavar="FILE",
+)
+TOPOLOGY_OPT = topology_option(
+    "Topology file (TOML), as on every rmqkit command; may also be given as the first argument."
+)
+
+
+def topology_files(positional: list[Path] | None, option: list[Path] | None) -> list[Path]:
+    """The files named positionally and with --topology/-t, in that order, each once."""
+    files: list[Path] = []
+    for path in [*(positional or []), *(option or [])]:
+        if path not in files:
+            files.append(path)
+    if not files:
+        raise UsageError("no topology file: give --topology FILE (or FILE as the first argument)")
+    return files
+
+
+def topology_file(positional: Path | None, option: Path | None) -> Path:
+    """The one file ``export`` takes, named either way (both: they must be the same)."""
+    if positional is not None and option is not None and positional != option:
+        raise UsageError(
+            f"two topology files ({positional} and --topology {option}): export takes one"
+        )
+    found = option or positional
+    if found is None:
+        raise UsageError("no topology file: give --topology FILE (or FILE as the first argument)")
+    return found
 
 
 class ViaChoice(StrEnum):
@@ -57,14 +104,15 @@ def _via(value: ViaChoice) -> Literal["policy", "arguments"]:
 
 def declare(
     ctx: typer.Context,
-    files: list[Path] = FILES_ARG,
+    files: list[Path] | None = FILES_ARG,
+    topology_opt: list[Path] | None = TOPOLOGIES_OPT,
     via: ViaChoice = VIA_OPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the actions, change nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Make the broker match FILE(s). Stops before changing anything if a conflict exists (65)."""
+    """Make the broker match the topology file(s); nothing changes if a conflict exists (65)."""
     settings = settings_from(ctx)
-    topology = [load_topology(file) for file in files]
+    topology = [load_topology(file) for file in topology_files(files, topology_opt)]
     result = run_async(declare_topology(settings, topology, via=_via(via), dry_run=dry_run))
     plan = result.plan
     if as_json:
@@ -92,7 +140,8 @@ def declare(
 
 def plan(
     ctx: typer.Context,
-    files: list[Path] = FILES_ARG,
+    files: list[Path] | None = FILES_ARG,
+    topology_opt: list[Path] | None = TOPOLOGIES_OPT,
     via: ViaChoice = VIA_OPT,
     show_all: bool = typer.Option(
         False, "--all", help="List the objects already in sync too (default: changes only)."
@@ -103,7 +152,7 @@ def plan(
         help="Print the plan as JSON: every object and its action, in sync or not.",
     ),
 ) -> None:
-    """Show what `declare FILE` would do: the objects to create or change, conflicts, orphans.
+    """Show what `declare` would do: the objects to create or change, conflicts, orphans.
 
     Several files meant for one vhost are planned together (their union is what rmqkit owns).
     Objects already in sync are counted on the last line; --all lists them too.
@@ -111,7 +160,7 @@ def plan(
     65 conflicts (the broker would reject the change or silently ignore it).
     """
     settings = settings_from(ctx)
-    topology = [load_topology(file) for file in files]
+    topology = [load_topology(file) for file in topology_files(files, topology_opt)]
     result = run_async(plan_topology(settings, topology, via=_via(via)))
     if as_json:
         print_json(plan_dict(result))
@@ -129,7 +178,8 @@ def plan(
 
 def export(
     ctx: typer.Context,
-    file: Path = FILE_ARG,
+    file: Path | None = FILE_ARG,
+    topology_opt: Path | None = TOPOLOGY_OPT,
     via: ViaChoice = VIA_OPT,
     vhost: str | None = typer.Option(
         None, "--vhost", help="Vhost to put in the definitions (default: the one RMQKIT_URL names)."
@@ -138,16 +188,17 @@ def export(
     output: Path | None = typer.Option(None, "--output", "-o", help="Write to a file."),
     force: bool = typer.Option(False, "--force", help="Replace the --output file if it exists."),
 ) -> None:
-    """Print FILE as RabbitMQ definitions JSON for `rabbitmqctl import_definitions`.
+    """Print the topology file as RabbitMQ definitions JSON for `rabbitmqctl import_definitions`.
     With --output an existing file is refused unless --force; the file appears complete or
     not at all (exit 74 if it cannot be written)."""
+    path = topology_file(file, topology_opt)
     settings = settings_from(ctx)
     mode = output_mode(force=force, append=False)
     if output is not None:
         check_output(output, mode)  # before asking the broker anything
     elif force:
         raise UsageError("--force needs --output FILE")
-    topology = load_topology(file)
+    topology = load_topology(path)
     if broker_version is not None:
         version = parse_version(broker_version)
     else:

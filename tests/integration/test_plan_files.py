@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rmqkit.errors import ExitCode
 from rmqkit.topology import declare_topology, load_topology
 from tests import broker
 
@@ -146,3 +147,32 @@ def test_files_that_disagree_on_an_object_are_refused(
     result = broker.cli("declare", str(a), str(other), vhost=vhost)
     assert result.returncode == 65, result.stdout + result.stderr
     assert "a.work" in result.stderr and str(a) in result.stderr, result.stderr
+
+
+def test_topology_option_names_the_file_on_plan_declare_and_export(
+    two_files: tuple[str, Path, Path],
+) -> None:
+    """`--topology/-t FILE` as on every other command; the positional form still works."""
+    vhost, a, b = two_files
+    plan = broker.cli("plan", "--topology", str(a), "-t", str(b), "--json", vhost=vhost)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    names = {c["name"] for c in json.loads(plan.stdout)["changes"]}
+    assert {"a.work", "b.work"} <= names
+    declared = broker.cli("declare", "-t", str(a), vhost=vhost)
+    assert declared.returncode == 0 and "No changes" in declared.stdout, declared.stderr
+    exported = broker.cli("export", "-t", str(b), "--broker-version", "3.10", vhost=vhost)
+    assert exported.returncode == 0, exported.stderr
+    assert "b.work" in {q["name"] for q in json.loads(exported.stdout)["queues"]}
+    positional = broker.cli("export", str(b), "--broker-version", "3.10", vhost=vhost)
+    assert positional.stdout == exported.stdout
+
+
+def test_a_missing_or_doubled_file_is_a_usage_error(two_files: tuple[str, Path, Path]) -> None:
+    vhost, a, b = two_files
+    usage = int(ExitCode.USAGE)
+    for command in ("plan", "declare", "export"):
+        result = broker.cli(command, vhost=vhost)
+        assert result.returncode == usage, (command, result.stderr)
+        assert "--topology FILE" in result.stderr
+    both = broker.cli("export", str(a), "-t", str(b), "--broker-version", "3.10", vhost=vhost)
+    assert both.returncode == usage and "export takes one" in both.stderr, both.stderr
