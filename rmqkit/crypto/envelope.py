@@ -16,7 +16,6 @@ The envelope (docs/encryption.md) replaces the value in the JSON body::
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 import os
@@ -40,7 +39,18 @@ def is_envelope(value: Any) -> bool:
 
 
 def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+# Encoders built once: json.dumps with options builds a new JSONEncoder on every call.
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_canonical = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode
+
+
+def compact_json(value: Any) -> bytes:
+    """``value`` as compact JSON (UTF-8, no spaces, key order kept): an envelope's plaintext,
+    and a body re-serialized after a change."""
+    return _compact(value).encode("utf-8")
 
 
 def _aad(path: str, kid: str) -> bytes:
@@ -50,7 +60,7 @@ def _aad(path: str, kid: str) -> bytes:
 def canonical_json(value: Any) -> bytes:
     """The value's canonical JSON (sorted keys, no spaces, UTF-8): what the blind index hashes.
     Note 1 and 1.0 differ, as do "1" and 1; strings are compared exactly (no case folding)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _canonical(value).encode("utf-8")
 
 
 def blind_index(keyring: KeyRing, path: str, value: Any) -> str:
@@ -67,7 +77,7 @@ def seal(keyring: KeyRing, path: str, value: Any, *, index: bool = False) -> dic
     blind index if ``index``)."""
     kid = keyring.current_id
     nonce = os.urandom(NONCE_BYTES)
-    plaintext = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    plaintext = compact_json(value)
     ciphertext = keyring.cipher(kid).encrypt(nonce, plaintext, _aad(path, kid))
     envelope: dict[str, Any] = {
         MARKER: VERSION,
@@ -85,7 +95,7 @@ def _bytes(envelope: dict[str, Any], name: str, path: str, kid: str) -> bytes:
     if not isinstance(text, str):
         raise Undecryptable(path, Undecryptable.MALFORMED, f"envelope has no {name!r}", kid=kid)
     try:
-        return base64.b64decode(text, validate=True)
+        return binascii.a2b_base64(text, strict_mode=True)
     except (binascii.Error, ValueError):
         raise Undecryptable(
             path, Undecryptable.MALFORMED, f"envelope {name!r} is not base64", kid=kid
@@ -96,6 +106,10 @@ def open_envelope(keyring: KeyRing | None, path: str, envelope: dict[str, Any]) 
     """The value sealed in ``envelope`` at field ``path``; Undecryptable names the path and
     the cause (no key ring, unknown key id, tampered or moved, malformed)."""
     kid = envelope.get("kid")
+    known = keyring is not None and isinstance(kid, str) and keyring.has(kid)
+    if known and envelope.get(MARKER) == VERSION:  # the common case first (ring ids are valid)
+        assert keyring is not None and isinstance(kid, str)
+        return _open(keyring, path, envelope, kid)
     if envelope.get(MARKER) != VERSION:
         raise Undecryptable(
             path,
@@ -121,6 +135,10 @@ def open_envelope(keyring: KeyRing | None, path: str, envelope: dict[str, Any]) 
             f"{', '.join(keyring.key_ids)})",
             kid=kid,
         )
+    return _open(keyring, path, envelope, kid)
+
+
+def _open(keyring: KeyRing, path: str, envelope: dict[str, Any], kid: str) -> Any:
     nonce = _bytes(envelope, "n", path, kid)
     ciphertext = _bytes(envelope, "ct", path, kid)
     if len(nonce) != NONCE_BYTES:
@@ -138,8 +156,8 @@ def open_envelope(keyring: KeyRing | None, path: str, envelope: dict[str, Any]) 
             kid=kid,
         ) from None
     try:
-        return json.loads(plaintext)
-    except ValueError:  # authentic yet not JSON: written by something other than rmqkit
+        return json.loads(plaintext.decode("utf-8"))
+    except ValueError:  # authentic yet not JSON (or UTF-8): not written by rmqkit
         raise Undecryptable(
             path, Undecryptable.MALFORMED, "decrypted value is not JSON", kid=kid
         ) from None
@@ -157,6 +175,7 @@ __all__ = [
     "VERSION",
     "blind_index",
     "canonical_json",
+    "compact_json",
     "is_envelope",
     "open_envelope",
     "redaction_marker",

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from rmqkit.crypto.envelope import (
     MARKER,
     blind_index,
+    compact_json,
     is_envelope,
     open_envelope,
     redaction_marker,
@@ -76,15 +77,20 @@ def _at_path(root: Any, parts: Sequence[str], path: str, fn: _Fn) -> Any:
     return copy
 
 
-def _envelopes(value: Any, prefix: str, fn: _Fn) -> Any:
+def _envelopes(value: Any, parts: list[str], fn: _Fn) -> Any:
     """``value`` with ``fn`` applied to every envelope anywhere in it (lists included: an
-    envelope moved into a list gets a path like ``items.0`` and fails to open)."""
+    envelope moved into a list gets a path like ``items.0`` and fails to open). ``parts`` is
+    the path so far, joined only when an envelope is found (most of a body is not one)."""
     if isinstance(value, dict):
         if MARKER in value:
-            return fn(prefix, value)
+            return fn(".".join(parts), value)
         changed: dict[str, Any] | None = None
         for key, child in value.items():
-            new = _envelopes(child, f"{prefix}.{key}" if prefix else key, fn)
+            if not isinstance(child, dict | list):
+                continue
+            parts.append(key)
+            new = _envelopes(child, parts, fn)
+            parts.pop()
             if new is not child:
                 changed = dict(value) if changed is None else changed
                 changed[key] = new
@@ -92,7 +98,11 @@ def _envelopes(value: Any, prefix: str, fn: _Fn) -> Any:
     if isinstance(value, list):
         items: list[Any] | None = None
         for i, child in enumerate(value):
-            new = _envelopes(child, f"{prefix}.{i}" if prefix else str(i), fn)
+            if not isinstance(child, dict | list):
+                continue
+            parts.append(str(i))
+            new = _envelopes(child, parts, fn)
+            parts.pop()
             if new is not child:
                 items = list(value) if items is None else items
                 items[i] = new
@@ -102,7 +112,7 @@ def _envelopes(value: Any, prefix: str, fn: _Fn) -> Any:
 
 def _apply(body: Any, paths: Sequence[str] | None, fn: _Fn) -> Any:
     if paths is None:
-        return _envelopes(body, "", fn)
+        return _envelopes(body, [], fn)
     for path in paths:
         body = _at_path(body, parse_path(path), path, fn)
     return body
@@ -126,7 +136,7 @@ def _on_body(body: B, paths: Sequence[str] | None, fn: _Fn, *, need_json: bool) 
     new = _apply(parsed, paths, fn)
     if new is parsed:
         return body
-    return json.dumps(new, separators=(",", ":"), ensure_ascii=False).encode("utf-8")  # type: ignore[return-value]
+    return compact_json(new)  # type: ignore[return-value]
 
 
 # --- the four operations ------------------------------------------------------------------------
