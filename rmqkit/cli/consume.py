@@ -51,7 +51,14 @@ def consume(
         help="Topology file: delays, attempts and parking come from it "
         "(else from the broker's declared objects).",
     ),
-    prefetch: int | None = typer.Option(None, "--prefetch", min=1, max=65535),
+    prefetch: int | None = typer.Option(
+        None,
+        "--prefetch",
+        min=1,
+        max=65535,
+        help="Unacked messages each worker holds at most (default 200, or the topology's "
+        "prefetch).",
+    ),
     concurrency: int | None = typer.Option(
         None,
         "--concurrency",
@@ -66,7 +73,13 @@ def consume(
         help="e.g. 30s; a handler running longer counts as a "
         "transient failure (default 30s, or the topology's handler_timeout).",
     ),
-    max_attempts: int | None = typer.Option(None, "--max-attempts", min=1),
+    max_attempts: int | None = typer.Option(
+        None,
+        "--max-attempts",
+        min=1,
+        help="Handler runs before a failing message is parked as exhausted (default 5, or the "
+        "topology's max_attempts).",
+    ),
     grace: str = typer.Option(
         "30s",
         "--grace",
@@ -78,7 +91,11 @@ def consume(
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", help="Serve /metrics, /healthz, /readyz (worker i on port+i)."
     ),
-    log_format: LogFormat = typer.Option(LogFormat.text, "--log-format"),
+    log_format: LogFormat = typer.Option(
+        LogFormat.text,
+        "--log-format",
+        help="Log lines on stderr: text, or json (one object a line).",
+    ),
     dedupe: str | None = typer.Option(
         None,
         "--dedupe",

@@ -45,9 +45,9 @@ def replay_cmd(
         help="Route with this key (on the default exchange, a key is a queue name).",
     ),
     rate: float | None = typer.Option(None, "--rate", min=0.01, help="Messages per second."),
-    limit: int | None = typer.Option(None, "--limit", min=1),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Replay at most N."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="The summary as one JSON object on stdout."),
 ) -> None:
     """Send parked messages back to the queue they failed in, each acked only after the
     broker confirmed its copy. Attempts start afresh; the failure history is kept.

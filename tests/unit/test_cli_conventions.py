@@ -121,3 +121,22 @@ def test_every_command_takes_vhost() -> None:
     for path, command in commands:
         flags = {flag for param in command.params for flag in getattr(param, "opts", [])}
         assert "--vhost" in flags, path
+
+
+# Owned by other helpers at the time of writing (issue 14): reported, not fixed here.
+HELP_MISSING_ELSEWHERE = {
+    ("rmqkit publish", "--content-type"),
+    ("rmqkit parking show", "--json"),
+    ("rmqkit parking stats", "--json"),
+}
+
+
+def test_every_option_and_argument_has_help() -> None:
+    """Each parameter of each command (lazy ones loaded) says what it does in --help."""
+    missing = {
+        (path, param.opts[0])
+        for path, command in every_command()
+        for param in command.params
+        if not (getattr(param, "help", None) or "").strip()
+    }
+    assert missing <= HELP_MISSING_ELSEWHERE, sorted(missing - HELP_MISSING_ELSEWHERE)
