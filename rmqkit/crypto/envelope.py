@@ -38,6 +38,21 @@ def is_envelope(value: Any) -> bool:
     return isinstance(value, dict) and MARKER in value
 
 
+_FIELDS = frozenset((MARKER, "kid", "n", "ct", "bi"))
+
+
+def is_sealed(value: Any) -> bool:
+    """Whether ``value`` has exactly the shape of an envelope rmqkit writes. ``encrypt_fields``
+    leaves only such a value as it is: user data that merely has a ``$rmqkit_enc`` key is
+    encrypted like any other value, never sent in plaintext as "already encrypted"."""
+    return (
+        isinstance(value, dict)
+        and value.get(MARKER) == VERSION
+        and value.keys() <= _FIELDS
+        and all(isinstance(value.get(k), str) for k in ("kid", "n", "ct"))
+    )
+
+
 def _b64(data: bytes) -> str:
     return binascii.b2a_base64(data, newline=False).decode("ascii")
 
@@ -177,6 +192,7 @@ __all__ = [
     "canonical_json",
     "compact_json",
     "is_envelope",
+    "is_sealed",
     "open_envelope",
     "redaction_marker",
     "seal",

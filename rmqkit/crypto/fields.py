@@ -21,6 +21,7 @@ from rmqkit.crypto.envelope import (
     blind_index,
     compact_json,
     is_envelope,
+    is_sealed,
     open_envelope,
     redaction_marker,
     seal,
@@ -166,7 +167,7 @@ def encrypt_fields(
     indexed = frozenset(blind_index_paths)
 
     def encrypt(path: str, value: Any) -> Any:
-        if is_envelope(value):
+        if is_sealed(value):
             return value
         return seal(ring, path, value, index=path in indexed)
 

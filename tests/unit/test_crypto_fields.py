@@ -11,6 +11,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rmqkit.crypto import (
     MARKER,
@@ -292,7 +294,8 @@ def test_redaction_replaces_every_envelope_with_a_marker(ring) -> None:
     marker = f"[encrypted kid={ring.current_id}]"
     assert json.loads(shown) == {"a": {"b": marker}, "c": marker, "d": 4}
     assert json.loads(redact_fields(raw, ["c"]))["a"]["b"][MARKER] == 1  # only the paths given
-    assert redact_fields(b'{"plain": 1}') == b'{"plain": 1}'
+    plain = b'{"plain": 1, "n": [1.50, "x"]}'
+    assert redact_fields(plain) is plain and decrypt_fields(plain, None, ring) is plain
     assert redact_fields({"x": {MARKER: 1, "kid": 5}}) == {"x": "[encrypted kid=?]"}
 
 
@@ -330,3 +333,46 @@ def test_find_field() -> None:
     assert find_field(body, "a.b") == (True, None)
     assert find_field(body, "a.c") == (False, None)
     assert find_field(body, "a.b.c") == (False, None)
+
+
+def test_user_data_that_looks_like_an_envelope_is_still_encrypted(ring) -> None:
+    fake = {MARKER: 1, "note": "SENTINEL-fake"}
+    sealed = encrypt_fields({"t": fake}, ["t"], [], ring)
+    assert "SENTINEL" not in json.dumps(sealed)
+    assert decrypt_fields(sealed, None, ring) == {"t": fake}
+
+
+# --- properties ---------------------------------------------------------------------------------
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+names = st.text(alphabet="abcxyz_", min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=json_values, path=st.lists(names, min_size=1, max_size=3), indexed=st.booleans())
+def test_any_value_at_any_path_round_trips_and_never_shows(value, path, indexed) -> None:
+    ring = _RING
+    body: Any = {"SENTINEL": value}
+    for name in reversed(path):
+        body = {name: body}
+    dotted = ".".join([*path, "SENTINEL"])
+    raw = json.dumps(body).encode()
+    sealed = encrypt_fields(raw, [dotted], [dotted] if indexed else [], ring)
+    assert json.loads(decrypt_fields(sealed, None, ring)) == json.loads(raw)
+    assert json.loads(decrypt_fields(sealed, [dotted], ring)) == json.loads(raw)
+    plain = json.dumps(value)
+    if len(plain) >= 6:  # a short text could appear in base64 by chance
+        assert plain.encode() not in sealed and plain.encode() not in redact_fields(sealed)
+    assert find_field(json.loads(redact_fields(sealed)), dotted)[1].startswith("[encrypted kid=")
+
+
+_RING = generate_keyring()
