@@ -69,9 +69,11 @@ def rotate(
         "`rmqkit keys activate FILE KID` (no consumer meets a key id it lacks).",
     ),
 ) -> None:
-    """Add a new encryption key (current unless --staged); old keys stay for decryption and
-    the blind-index key is untouched, so nothing is re-encrypted and --match still finds old
-    messages."""
+    """Add a new encryption key (current unless --staged); old keys stay for decryption.
+
+    The blind-index key is untouched, so nothing is re-encrypted and --match still finds
+    messages from before the rotation.
+    """
     ring, key = rotate_ring(file, activate=not staged)
     state = "staged (not current yet)" if staged else "now current"
     _say(f"added encryption key {key.id} to {file}: {state}; keys: {', '.join(ring.key_ids)}")
