@@ -121,20 +121,19 @@ def open_envelope(keyring: KeyRing | None, path: str, envelope: dict[str, Any]) 
     """The value sealed in ``envelope`` at field ``path``; Undecryptable names the path and
     the cause (no key ring, unknown key id, tampered or moved, malformed)."""
     kid = envelope.get("kid")
-    known = keyring is not None and isinstance(kid, str) and keyring.has(kid)
-    if known and envelope.get(MARKER) == VERSION:  # the common case first (ring ids are valid)
-        assert keyring is not None and isinstance(kid, str)
+    version = envelope.get(MARKER)
+    # the common case first: a key the ring has (its ids are valid ids) and this version
+    if version == VERSION and keyring is not None and isinstance(kid, str) and keyring.has(kid):
         return _open(keyring, path, envelope, kid)
-    if envelope.get(MARKER) != VERSION:
+    if version != VERSION:
         raise Undecryptable(
             path,
             Undecryptable.MALFORMED,
-            f"envelope version {envelope.get(MARKER)!r} (this rmqkit reads {VERSION})",
+            f"envelope version {version!r} (this rmqkit reads {VERSION})",
             kid=kid if valid_key_id(kid) else None,
         )
-    if not valid_key_id(kid):  # checked first: the id is quoted in every message below
+    if not isinstance(kid, str) or not valid_key_id(kid):  # it is quoted in messages below
         raise Undecryptable(path, Undecryptable.MALFORMED, "envelope has no valid key id")
-    assert isinstance(kid, str)
     if keyring is None:
         raise Undecryptable(
             path,

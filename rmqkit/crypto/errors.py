@@ -32,7 +32,14 @@ class Undecryptable(DataError):
         self.reason = reason
         self.detail = detail
         self.kid = kid
-        super().__init__(f"field {path}: cannot decrypt ({reason}): {detail}")
+        super().__init__(f"field {_shown(path)}: cannot decrypt ({reason}): {detail}")
+
+
+def _shown(path: str) -> str:
+    """A path as it may appear in a one-line message: the keys of a body are anyone's text
+    (a newline in one would split a log line), so odd ones are quoted and long ones cut."""
+    text = path if path.isprintable() else repr(path)
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 __all__ = ["KeyRingError", "Undecryptable"]

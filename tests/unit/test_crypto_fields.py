@@ -185,6 +185,7 @@ def _flip(text: str, at: int) -> str:
         (lambda e: e.update(ct=_flip(e["ct"], -1)), "tampered"),  # the tag
         (lambda e: e.update(n=_flip(e["n"], 5)), "tampered"),
         (lambda e: e.update(ct=e["ct"][:-8] + "AAAAAAA="), "tampered"),
+        (lambda e: e.update(ct=""), "tampered"),
         (lambda e: e.update(kid="k00000000"), "unknown-key"),
         (lambda e: e.update(kid="bad id\nline"), "malformed"),
         (lambda e: e.pop("n"), "malformed"),
@@ -197,6 +198,7 @@ def _flip(text: str, at: int) -> str:
         "tag",
         "nonce",
         "truncated",
+        "empty-ct",
         "unknown-kid",
         "bad-kid",
         "no-nonce",
@@ -248,6 +250,15 @@ def test_an_envelope_moved_to_another_field_fails(ring, target) -> None:
     with pytest.raises(Undecryptable) as caught:
         decrypt_fields(body, None, ring)
     assert caught.value.reason == "tampered" and caught.value.path == target
+
+
+def test_an_odd_field_name_stays_on_one_line(ring) -> None:
+    body = _sealed(ring)
+    body["a\nb" + "x" * 300] = body.pop("tax_id")
+    with pytest.raises(Undecryptable) as caught:
+        decrypt_fields(body, None, ring)
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith("field 'a\\nbxxx") and len(text) < 400
 
 
 def test_not_strict_marks_the_bad_field_and_decrypts_the_rest(ring) -> None:
