@@ -114,6 +114,15 @@ class LazyGroup(TyperGroup):
                     exc.message = f"{message.rstrip('.')}. Did you mean {suggestions}?"
             raise
 
+    def shell_complete(self, ctx: Any, incomplete: str) -> list[Any]:
+        # Completing a command name needs names and help only: import no command module.
+        self._listing = True
+        try:
+            result: list[Any] = super().shell_complete(ctx, incomplete)
+            return result
+        finally:
+            self._listing = False
+
     def format_help(self, ctx: Any, formatter: Any) -> None:
         self._listing = True
         try:

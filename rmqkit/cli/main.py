@@ -4,6 +4,7 @@ exit codes (docs/exit-codes.md)."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
 from typing import Any
@@ -18,6 +19,7 @@ from rmqkit._version import __version__
 from rmqkit.cli.lazy import LazyCommand, LazyGroup
 from rmqkit.errors import ExitCode, RmqkitError
 
+COMPLETE_VAR = "_RMQKIT_COMPLETE"  # as click names it: _{PROG}_COMPLETE
 VHOST_HELP = (
     "Work in this virtual host instead of the one RMQKIT_URL/--url names (AMQP and the "
     "management API); also accepted after the command."
@@ -84,6 +86,7 @@ class Commands(LazyGroup):
         LazyCommand("parking", "rmqkit.cli.parking", "app", group=True),
         LazyCommand("outbox", "rmqkit.cli.outbox", "app", group=True),
         LazyCommand("dedupe", "rmqkit.cli.dedupe", "app", group=True),
+        LazyCommand("completion", "rmqkit.cli.completion", "completion"),
     )
 
     def shared_params(self) -> list[Any]:
@@ -171,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     rmqkit's own, exit 64 (sysexits' EX_USAGE): 2 means "changes pending" (`plan`) and
     "critical" (monitoring checks). Only an unexpected exception prints a traceback (exit 1).
     """
+    if os.environ.get(COMPLETE_VAR):  # the shell asking for completions (its script sets it)
+        from rmqkit.cli.completion import complete
+
+        return complete(typer.main.get_command(app), os.environ[COMPLETE_VAR])
     try:
         # Not standalone: click would print its multi-line usage box and exit 2 itself.
         result = app(args=argv, prog_name="rmqkit", standalone_mode=False)

@@ -8,9 +8,11 @@ exited 2 with click's multi-line usage box, and `rmqkit` with no arguments exite
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -140,3 +142,64 @@ def test_every_option_and_argument_has_help() -> None:
         if not (getattr(param, "help", None) or "").strip()
     }
     assert missing <= HELP_MISSING_ELSEWHERE, sorted(missing - HELP_MISSING_ELSEWHERE)
+
+
+RMQKIT_SCRIPT = Path(sys.executable).parent / "rmqkit"  # the console script pip installed
+
+
+def _complete(words: str, **env: str) -> subprocess.CompletedProcess[str]:
+    cword = str(len(words.split()) - 1)
+    return subprocess.run(
+        [str(RMQKIT_SCRIPT)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
+        env=environment(COMP_WORDS=words, COMP_CWORD=cword, **env),
+    )
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_prints_the_script(shell: str) -> None:
+    done = subprocess.run(
+        [str(RMQKIT_SCRIPT), "completion", shell], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"_RMQKIT_COMPLETE=complete_{shell}" in done.stdout
+    if shell == "bash":
+        assert "complete -o default -F _rmqkit_completion rmqkit" in done.stdout
+
+
+def test_completion_answers_from_the_lazy_group() -> None:
+    """Click's instruction spelling (bash_complete) and typer's (complete_bash, which the
+    scripts send) both work; command names complete, and so do a lazy command's options."""
+    for instruction in ("bash_complete", "complete_bash"):
+        done = _complete("rmqkit par", _RMQKIT_COMPLETE=instruction)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "parking\n", ""), instruction
+    assert _complete("rmqkit parking li", _RMQKIT_COMPLETE="bash_complete").stdout == "list\n"
+    options = _complete("rmqkit parking list --vh", _RMQKIT_COMPLETE="bash_complete")
+    assert options.stdout == "--vhost\n"
+
+
+def test_completing_a_command_name_imports_no_command_module() -> None:
+    probe = (
+        "import json, sys\n"
+        "from rmqkit.cli.main import main\n"
+        "main([])\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('rmqkit.cli.'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+        env=environment(COMP_WORDS="rmqkit ", COMP_CWORD="1", _RMQKIT_COMPLETE="bash_complete"),
+    )
+    *names, modules = done.stdout.splitlines()
+    assert {"parking", "status", "doctor", "completion"} <= set(names)
+    assert set(json.loads(modules)) <= {
+        "rmqkit.cli.main",
+        "rmqkit.cli.lazy",
+        "rmqkit.cli.completion",
+    }
