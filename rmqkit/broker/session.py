@@ -45,8 +45,8 @@ How the consumer (``consumer/runner.py``, ``consumer/copies.py``) uses it, with 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, nullcontext
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
 import aiormq.abc
@@ -54,6 +54,7 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractConnection
 
 from rmqkit.broker.amqp import amqp_errors_mapped, connect, parse_version, raw_connection
+from rmqkit.broker.blocking import BlockWatch, reporting_blocks
 from rmqkit.broker.channel import CONNECTION_ERRORS, Channel, Delivery, OnDelivery, QueueDepth
 from rmqkit.broker.codec import typed_decoding
 from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
@@ -115,6 +116,25 @@ class Session:
     async def close(self) -> None:
         """Close the connection (and with it every channel)."""
         await self._owner.close()
+
+    def watch_blocks(self, on_change: Callable[[BlockWatch], None] | None = None) -> BlockWatch:
+        """Whether the broker blocks this connection (a memory or disk alarm), and why
+        (``rmqkit.broker.blocking``); ``close()`` the watch when done."""
+        return BlockWatch(self._raw, on_change)
+
+    def reporting_blocks(
+        self,
+        say: Callable[[str], None],
+        *,
+        every_s: float = 10.0,
+        progress: Callable[[], str] | None = None,
+        what: str = "publishing",
+    ) -> AbstractAsyncContextManager[BlockWatch]:
+        """``async with s.reporting_blocks(log.warning):`` — one line through ``say`` as soon
+        as the broker blocks this connection (with its reason: "low on memory", "low on
+        disk"), again every ``every_s`` while blocked, and when unblocked
+        (``rmqkit.broker.blocking.reporting_blocks``)."""
+        return reporting_blocks(self._raw, say, every_s=every_s, progress=progress, what=what)
 
     # --- channels -------------------------------------------------------------------------------
     async def channel(self, *, confirms: bool = False, window: int = DEFAULT_WINDOW) -> Channel:
@@ -226,6 +246,7 @@ async def session(
 __all__ = [
     "CONNECTION_ERRORS",
     "DEFAULT_WINDOW",
+    "BlockWatch",
     "Channel",
     "ConfirmedPublisher",
     "Delivery",

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import typer
 
-from rmqkit.cli.common import run_async, settings_from
+from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from
 from rmqkit.cli.render import stderr
 from rmqkit.errors import BrokerUnavailable, DataError, UsageError
 from rmqkit.publish import (
@@ -60,17 +60,36 @@ def publish(
     retry_busy: bool = typer.Option(
         False, "--retry-busy", help="Retry messages the broker refused (a full queue) with backoff."
     ),
+    timeout: str | None = typer.Option(
+        None,
+        "--timeout",
+        help="Give up (exit 69) when the broker has confirmed nothing for this long, e.g. 30s: "
+        "a memory or disk alarm blocks publishing, or a queue has no leader. The message says "
+        "which messages were confirmed. Default: wait.",
+    ),
+    blocked_every: str = typer.Option(
+        "10s",
+        "--blocked-every",
+        help="While the broker blocks publishing (memory or disk alarm), repeat the notice on "
+        "stderr this often (it is printed at once when the block begins).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Publish persistent messages with publisher confirms and `mandatory`, each with a stable
     message_id. Exit 65 if some were unroutable; exit 69 if the broker refused some because a
     bounded queue is full ("busy" — retry later, or use --retry-busy).
 
+    When a memory or disk alarm makes the broker block publishing, the publish waits (nothing is
+    lost) and says so on stderr at once, with the broker's reason, and every --blocked-every;
+    with --timeout it gives up (exit 69) naming the messages the broker confirmed.
+
     A message without an explicit id (--message-id, an NDJSON record's message_id) or --id-from
     gets one derived from the exchange, routing key, its position (line number, or --body index)
     and body: the same input published again gets the same ids, so after a lost connection a
     rerun's duplicates can be recognised."""
     settings = settings_from(ctx)
+    timeout_s = seconds_option(timeout, "--timeout")
+    notice_every_s = seconds(blocked_every, "--blocked-every")
     headers: dict[str, object] = {}
     for item in header:
         key, sep, value = item.partition("=")
@@ -113,6 +132,9 @@ def publish(
             window=window,
             retry_busy=retry_busy,
             repeatable_ids=ids.repeatable,
+            notice=_notice,
+            notice_every_s=notice_every_s,
+            timeout_s=timeout_s,
         )
     )
     if as_json:
@@ -136,3 +158,8 @@ def publish(
             "(overflow reject-publish) — retry later, or use --retry-busy; every other message "
             "is confirmed"
         )
+
+
+def _notice(line: str) -> None:
+    """A line about the publish while it runs (a block by the broker): stderr, at once."""
+    stderr.print(f"rmqkit publish: {line}", highlight=False, soft_wrap=True)

@@ -154,7 +154,9 @@ def test_unknown_exchange_and_usage(fresh_vhost: Callable[[], str]) -> None:
     vhost = fresh_vhost()
     missing = _publish(vhost, "x\n", "ghost", "k")
     assert missing.returncode == 65 and "ghost" in missing.stderr
-    assert broker.cli("publish", "ghost", "k", "--message-id", "a", vhost=vhost).returncode == 2
+    assert (
+        broker.cli("publish", "ghost", "k", "--message-id", "a", vhost=vhost).returncode == 64
+    )  # usage (a27b3f1)
 
 
 # --- finding 7 of issue 9: ids that a rerun repeats -------------------------------------------
@@ -220,7 +222,7 @@ def test_id_from_a_field_of_the_record(fresh_vhost: Callable[[], str], tmp_path:
     assert bad.returncode == 65 and "<stdin>:3" in bad.stderr
     assert broker.depths(vhost, ["jobs.work"])["jobs.work"] == 0
     usage = _publish(vhost, lines, "jobs", "job", "--id-from", "order_id", "--random-ids")
-    assert usage.returncode == 2
+    assert usage.returncode == 64  # a usage error (a27b3f1)
 
 
 def _connections(vhost: str) -> list[str]:

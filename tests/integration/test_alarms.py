@@ -1,0 +1,204 @@
+"""Memory and disk alarms (issue 14, runbook memory-alarm.md), on a node of this module's own.
+
+An alarm blocks every publishing connection of its cluster, so it is never raised on a node
+other tests share: ``tests/integration/alarm_node.py`` starts ``rmqalarm`` (AMQP 5691) for this
+module (~6 s) and every alarm is cleared in a ``finally``. The module skips, with the reason, only
+when that node cannot be started here.
+
+- a publish the broker blocks says so on stderr at once, with the broker's reason, and again
+  while blocked; ``--timeout`` gives up with exit 69 naming the confirmed messages, and the
+  broker holds exactly those; once the alarm clears, blocked publishes are confirmed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from rmqkit.publish import messages_from_bodies, publish_messages
+from rmqkit.settings import load_settings
+from tests.faults.cluster import ClusterUnavailable, poll
+from tests.integration.alarm_node import AlarmNode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[AlarmNode]:
+    try:
+        started = AlarmNode().start()
+    except ClusterUnavailable as exc:
+        pytest.skip(f"no alarm node here: {exc}")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def _queue(node: AlarmNode) -> str:
+    """A fresh durable queue on the node (declared while no alarm is on)."""
+    name = f"alarm-{uuid.uuid4().hex[:8]}"
+
+    async def declare() -> None:
+        connection = await aio_pika.connect(node.url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.declare_queue(name, durable=True)
+
+    asyncio.run(declare())
+    return name
+
+
+def _depth(node: AlarmNode, queue: str) -> int:
+    async def read() -> int:
+        connection = await aio_pika.connect(node.url)
+        async with connection:
+            channel = await connection.channel()
+            declared = await channel.declare_queue(queue, passive=True)
+            return int(declared.declaration_result.message_count or 0)
+
+    return int(asyncio.run(read()))
+
+
+def _drain(node: AlarmNode, queue: str) -> list[tuple[str | None, bytes]]:
+    """Every message of ``queue`` (message_id, body), taken off it."""
+
+    async def take() -> list[tuple[str | None, bytes]]:
+        connection = await aio_pika.connect(node.url)
+        async with connection:
+            channel = await connection.channel()
+            declared = await channel.declare_queue(queue, passive=True)
+            out: list[tuple[str | None, bytes]] = []
+            while (message := await declared.get(fail=False, no_ack=True)) is not None:
+                out.append((message.message_id, message.body))
+            return out
+
+    return list(asyncio.run(take()))
+
+
+def _publish_cli(node: AlarmNode, queue: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env.update(RMQKIT_URL=node.url, RMQKIT_MANAGEMENT_URL=node.management_url)
+    return subprocess.run(
+        [sys.executable, "-m", "rmqkit", "publish", "", queue, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_blocked_publish_says_why_at_once_and_gives_up_naming_what_was_confirmed(
+    node: AlarmNode,
+) -> None:
+    queue = _queue(node)
+    before = _publish_cli(node, queue, "--body", "before the alarm")
+    assert before.returncode == 0, before.stderr
+    bodies = ("--body", "one", "--body", "two")
+    with node.memory_alarm():
+        # --blocked-every longer than the run: a notice can only come from the block itself.
+        blocked = _publish_cli(node, queue, *bodies, "--timeout", "3s", "--blocked-every", "30s")
+        assert _depth(node, queue) == 1  # the broker took nothing while it blocked publishing
+    assert blocked.returncode == 69, blocked.stderr
+    lines = blocked.stderr.splitlines()
+    notices = [line for line in lines if line.startswith("rmqkit publish: broker blocks")]
+    assert len(notices) == 1, blocked.stderr
+    assert "low on memory" in notices[0] and "0 of 2 message(s) confirmed" in notices[0]
+    error = lines[-1]
+    assert error.startswith("rmqkit: error: gave up after 3s without a confirm"), error
+    assert "low on memory" in error and "Nothing is lost" in error
+    assert "confirmed 0 of the 2 message(s) sent" in error
+    assert "not confirmed: messages 1-2" in error
+    assert "may still take them when the alarm clears" in error
+    # The advice holds: the same command again confirms both, under the ids the error named;
+    # the copies the broker read after the alarm cleared (if any) carry the same ids.
+    again = _publish_cli(node, queue, *bodies, "--json")
+    assert again.returncode == 0, again.stderr
+    assert '"confirmed": 2' in again.stdout
+    named = set(error.split("message_id ", 1)[1].split(")", 1)[0].split(", "))
+    held = _drain(node, queue)
+    assert len(held) in (3, 5), held  # 5: the blocked copies arrived too
+    assert {body for _, body in held} == {b"before the alarm", b"one", b"two"}
+    assert {mid for mid, body in held if body != b"before the alarm"} == named
+
+
+def test_the_notice_repeats_while_blocked_and_the_timeout_names_the_disk(
+    node: AlarmNode,
+) -> None:
+    queue = _queue(node)
+    settings = load_settings(url=node.url, management_url=node.management_url)
+    notices: list[tuple[float, str]] = []
+    began = time.monotonic()
+
+    def notice(line: str) -> None:
+        notices.append((time.monotonic() - began, line))
+
+    with node.disk_alarm():
+        poll(lambda: "disk_free_alarm" in node.alarms(), 20)  # the disk monitor's next check
+        began = time.monotonic()
+        with pytest.raises(Exception) as caught:
+            asyncio.run(
+                publish_messages(
+                    settings,
+                    "",
+                    queue,
+                    messages_from_bodies([b"a", b"b", b"c"]),
+                    notice=notice,
+                    notice_every_s=1.0,
+                    timeout_s=2.6,
+                )
+            )
+        assert _depth(node, queue) == 0  # nothing taken while blocked (maybe after: see above)
+    error = caught.value
+    assert type(error).__name__ == "BrokerUnavailable" and getattr(error, "exit_code", 0) == 69
+    assert "low on disk" in str(error) and "not confirmed: messages 1-3" in str(error)
+    first_at, first = notices[0]
+    assert first.startswith("broker blocks publishing: low on disk"), notices
+    assert first_at < 0.9, notices  # at once, not at the first reminder (1 s)
+    still = [line for _, line in notices if line.startswith("broker still blocks publishing")]
+    assert len(still) >= 2, notices
+
+
+def test_publishes_blocked_by_an_alarm_are_confirmed_when_it_clears(node: AlarmNode) -> None:
+    queue = _queue(node)
+    settings = load_settings(url=node.url, management_url=node.management_url)
+    notices: list[str] = []
+
+    async def scenario() -> int:
+        noticed = asyncio.Event()
+
+        def notice(line: str) -> None:
+            notices.append(line)
+            noticed.set()
+
+        with node.memory_alarm():
+            publishing = asyncio.ensure_future(
+                publish_messages(
+                    settings,
+                    "",
+                    queue,
+                    messages_from_bodies([b"x", b"y"]),
+                    notice=notice,
+                    notice_every_s=30,
+                )
+            )
+            await asyncio.wait_for(noticed.wait(), 15)
+            assert "low on memory" in notices[0], notices
+            assert not publishing.done()
+        report = await asyncio.wait_for(publishing, 30)  # the alarm is cleared: it completes
+        return report.confirmed
+
+    assert asyncio.run(scenario()) == 2
+    assert any(line.startswith("broker unblocked publishing") for line in notices), notices
+    assert _depth(node, queue) == 2
