@@ -36,8 +36,20 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "vhost": plan.vhost,
         "via": plan.desired.via,
         "summary": plan.summary(),
+        "work_queues": [w.as_dict() for w in plan.desired.work_queues],
         "changes": [c.as_dict() for c in plan.changes],
     }
+
+
+def print_work_queues(plan: Plan) -> None:
+    """One line per work queue of the file: its retries, retention and parking queue, so what
+    happens to a failing or waiting message is stated even when nothing changes."""
+    for work in plan.desired.work_queues:
+        line = f"work queue {work.text()}"
+        if stdout.is_terminal:
+            stdout.print(line, highlight=False)
+        else:
+            print(line)
 
 
 def print_plan(plan: Plan, *, show_in_sync: bool = True, title: str | None = None) -> None:

@@ -20,6 +20,7 @@ from rmqkit.cli.render import (
     plan_dict,
     print_json,
     print_plan,
+    print_work_queues,
     stderr,
     stdout,
     summary_line,
@@ -167,6 +168,7 @@ def plan(
     else:
         title = f"{result.source} against vhost {result.vhost!r}:"
         print_plan(result, show_in_sync=show_all, title=title)
+        print_work_queues(result)
         last = summary_line(result) if show_all else changes_summary_line(result)
         stdout.print(last + ".", highlight=False)
     if result.conflicts:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import TopologyFileError
-from rmqkit.topology.model import BUILTIN_EXCHANGE_PREFIX, Topology
+from rmqkit.topology.model import BUILTIN_EXCHANGE_PREFIX, Topology, format_retention_ms
 
 Via = Literal["policy", "arguments"]
 QueueRole = Literal["work", "wait", "parking"]
@@ -91,6 +91,46 @@ class PolicySpec:
 
 
 @dataclass(frozen=True)
+class WorkQueueSummary:
+    """What happens to a work queue's messages, as ``plan`` states it: the retry ladder, the
+    attempts, the retention and where they park."""
+
+    name: str
+    retry_delays_ms: tuple[int, ...]
+    default_retries: bool  # the file does not say retry_delays: the default ladder applies
+    max_attempts: int
+    retention_ms: int | None
+    parking: str
+
+    def text(self) -> str:
+        """``orders.work: retries 1s, 5s (max_attempts 3); retention 4d; parks in …``."""
+        if self.retry_delays_ms:
+            ladder = ", ".join(format_duration_ms(d) for d in self.retry_delays_ms)
+            retries = f"retries {ladder}" + (
+                " (the default ladder)" if self.default_retries else ""
+            )
+            retries += f", max_attempts {self.max_attempts}"
+        else:
+            retries = "no retries (retry_delays = []): a transient failure parks at once"
+        retention = (
+            f"retention {format_retention_ms(self.retention_ms)}, then parked as expired"
+            if self.retention_ms is not None
+            else "no retention limit"
+        )
+        return f"{self.name}: {retries}; {retention}; parks in {self.parking}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "retry_delays_ms": list(self.retry_delays_ms),
+            "default_retries": self.default_retries,
+            "max_attempts": self.max_attempts,
+            "retention_ms": self.retention_ms,
+            "parking": self.parking,
+        }
+
+
+@dataclass(frozen=True)
 class DesiredState:
     """Everything a topology file asks the broker to hold, for one declaration mode."""
 
@@ -100,6 +140,7 @@ class DesiredState:
     policies: list[PolicySpec]
     via: Via
     policy_priority: int
+    work_queues: list[WorkQueueSummary] = field(default_factory=list)
 
 
 def policy_name(queue: str) -> str:
@@ -173,6 +214,12 @@ def expand(
             work_settings["max-length"] = spec.max_length
         if spec.max_length_bytes is not None:
             work_settings["max-length-bytes"] = spec.max_length_bytes
+        if spec.retention is not None:
+            # Queue-level TTL: it counts from when a message entered this queue, so a retry
+            # coming back from a wait queue starts a new window, and dead-lettering strips any
+            # per-message expiration (kept as x-death original-expiration): no retry is
+            # expired for time it spent elsewhere. Expired → DLX above → parking, at-least-once.
+            work_settings["message-ttl"] = spec.retention
         queues.append(QueueSpec(name, "work", name, work_settings))
         for tier_index, slots in enumerate(wait_queue_names(topology, name)):
             for wait_name, ttl in slots:
@@ -196,6 +243,17 @@ def expand(
             bindings.append(
                 BindingSpec(bind.exchange, name, "queue", bind.routing_key, dict(bind.arguments))
             )
+    summaries = [
+        WorkQueueSummary(
+            name=name,
+            retry_delays_ms=tuple(spec.retry_delays),
+            default_retries="retry_delays" not in spec.model_fields_set,
+            max_attempts=spec.max_attempts,
+            retention_ms=spec.retention,
+            parking=topology.parking_name(name),
+        )
+        for name, spec in model.queues.items()
+    ]
     for binding in model.bindings:
         bindings.append(
             BindingSpec(
@@ -221,6 +279,7 @@ def expand(
         policies=policies,
         via=via,
         policy_priority=model.policy_priority,
+        work_queues=summaries,
     )
 
 
@@ -264,6 +323,7 @@ def expand_all(
         policies=[spec for _, spec in policies.values()],
         via=via,
         policy_priority=first.policy_priority,
+        work_queues=[w for _, state in states for w in state.work_queues],
     )
 
 

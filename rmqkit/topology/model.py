@@ -26,6 +26,37 @@ def _duration(value: Any) -> int:
 DurationMs = Annotated[int, BeforeValidator(_duration)]
 """A duration written as ``"500ms"``/``"5s"``/``"2m"``/``"1h"``, held in milliseconds."""
 
+DAY_MS = 86_400_000
+# RabbitMQ stores message-ttl as a 32-bit millisecond count: about 49.7 days.
+MAX_TTL_MS = 2**32 - 1
+
+
+def _retention(value: Any) -> int:
+    """A retention period: a duration, or whole days (``"4d"``), as retention is usually said."""
+    if isinstance(value, str) and value.strip().endswith("d") and not value.strip()[:-1].isalpha():
+        days = value.strip()[:-1].strip()
+        try:
+            ms = round(float(days) * DAY_MS)
+        except ValueError:
+            raise ValueError(f'bad retention {value!r}: write e.g. "4d", "12h" or "30m"') from None
+    else:
+        ms = _duration(value)
+    if not 0 < ms <= MAX_TTL_MS:
+        raise ValueError(
+            f"bad retention {value!r}: must be above zero and at most 49d (RabbitMQ's limit for "
+            "a message TTL)"
+        )
+    return ms
+
+
+def format_retention_ms(ms: int) -> str:
+    """``4d`` for whole days, else as any other duration (``36h``, ``2s``)."""
+    return f"{ms // DAY_MS}d" if ms % DAY_MS == 0 else format_duration_ms(ms)
+
+
+RetentionMs = Annotated[int, BeforeValidator(_retention)]
+"""A retention period (``"4d"``, ``"12h"``, ``"2s"``), held in milliseconds."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -70,6 +101,11 @@ class QueueModel(_Strict):
     handler_timeout: DurationMs | None = None
     require_message_id: bool = False
     max_message_bytes: int | None = Field(default=None, ge=1)
+    # Retention: a message that has waited this long in the work queue (since it entered it:
+    # first publish, or its return from a retry) leaves it into the parking queue with x-death
+    # reason "expired", never dropped: the work queue's message-ttl, dead-lettered at-least-once
+    # through the same wiring as the delivery limit. None: messages wait as long as it takes.
+    retention: RetentionMs | None = None
     # Body and header fields masked in every parking view (list, show, export with --redact).
     sensitive_fields: list[str] = Field(default_factory=list)
 

@@ -32,9 +32,13 @@ def test_plan_in_sync_lists_nothing_and_counts_what_it_left_out(declared: str) -
     result = broker.cli("plan", str(ORDERS), vhost=declared)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = _lines(result.stdout)
-    # The title and one summary line, not 46 `in-sync` lines.
+    # The title, what the work queue does, one summary line: not 46 `in-sync` lines.
     assert not [line for line in lines if line.startswith("in-sync")], result.stdout
-    assert len(lines) == 2, result.stdout
+    assert len(lines) == 3, result.stdout
+    assert lines[1] == (
+        "work queue orders.work: retries 1s, 5s, 30s, 2m, max_attempts 5; no retention limit; "
+        "parks in orders.work.parking"
+    )
     assert lines[-1] == "no changes; 46 objects in sync; --all to list them.", result.stdout
 
 
@@ -61,7 +65,7 @@ def test_plan_lists_only_the_changes_and_exits_2(declared: str, tmp_path: Path) 
     result = broker.cli("plan", str(edited), vhost=declared)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = _lines(result.stdout)
-    assert len(lines) == 3, result.stdout  # title, the one change, the summary
+    assert len(lines) == 4, result.stdout  # title, the one change, the work queue, the summary
     assert lines[1].startswith("change    policy   rmqkit.orders.work")
     assert "max-length=100000" in lines[1] and "max-length=5000" in lines[1]
     assert lines[-1] == "1 change; 45 objects in sync; --all to list them."

@@ -115,3 +115,18 @@ def test_expand_all_refuses_files_that_disagree() -> None:
     other = parse_topology('[queues."a.work"]\nmax_length = 6\n', "c.toml")
     with pytest.raises(TopologyFileError, match=r"c\.toml: queue 'a\.work' is also in a\.toml"):
         expand_all([a, other])
+
+
+def test_retention_is_the_work_queues_message_ttl_only() -> None:
+    topology = parse_topology(
+        '[queues."w"]\nretention = "4d"\nretry_delays = ["1s"]\njitter_slots = 1\n', "t.toml"
+    )
+    desired = expand(topology)
+    settings = {q.name: q.settings for q in desired.queues}
+    assert settings["w"]["message-ttl"] == 4 * 24 * 3600 * 1000
+    assert "message-ttl" not in settings["w.parking"]
+    assert settings["w.wait.1s"]["message-ttl"] == 1000  # the tier's own TTL, unchanged
+    [work] = desired.work_queues
+    assert work.retention_ms == 4 * 24 * 3600 * 1000
+    assert "retention 4d, then parked as expired" in work.text()
+    assert "message-ttl" not in {q.name: q.settings for q in expand(ORDERS).queues}["orders.work"]
