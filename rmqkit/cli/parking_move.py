@@ -47,7 +47,11 @@ def replay_cmd(
     rate: float | None = typer.Option(None, "--rate", min=0.01, help="Messages per second."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Replay at most N."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
-    as_json: bool = typer.Option(False, "--json", help="The summary as one JSON object on stdout."),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="The summary as one JSON object on stdout (with --dry-run, the plan in it).",
+    ),
 ) -> None:
     """Send parked messages back to the queue they failed in, each acked only after the
     broker confirmed its copy. Attempts start afresh; the failure history is kept.
@@ -71,14 +75,19 @@ def replay_cmd(
             )
         )
     explain_no_match(sel, report.selected)
-    if dry_run:
-        for message_id, exchange, key in report.plan:
+    if as_json:  # only JSON on stdout: a dry run's plan goes in it
+        document = {**report.as_dict(), "dry_run": dry_run}
+        if dry_run:
+            document["plan"] = [
+                {"message_id": message_id, "exchange": exchange, "routing_key": key}
+                for message_id, exchange, key in report.plan
+            ]
+        print(json.dumps(document))
+    else:
+        for message_id, exchange, key in report.plan if dry_run else ():
             print(
                 f"would replay {message_id or '-'} → exchange {exchange or '(default)'!s} key {key}"
             )
-    if as_json:
-        print(json.dumps({**report.as_dict(), "dry_run": dry_run}))
-    else:
         verb = "would replay" if dry_run else "replayed"
         count = len(report.plan) if dry_run else report.replayed
         stderr.print(

@@ -158,3 +158,74 @@ def test_purge_never_asks_when_it_cannot_and_deletes_nothing(target: str, decoy:
     assert code == 0 and f"Purge {PARKED} message(s)" in err, err
     assert broker.depths(target, [PARKING])[PARKING] == 0
     _park(target, PARKED)
+
+
+def _json_commands(target: str, tmp: Path, message_id: str) -> dict[str, list[str]]:
+    """Every command that has --json, with arguments that work in ``target``."""
+    store = f"sqlite:///{tmp / 'dedupe.db'}"
+    outbox = f"sqlite:///{tmp / 'outbox.db'}"
+    return {
+        "rmqkit config": ["config"],
+        "rmqkit declare": ["declare", str(ORDERS)],
+        "rmqkit plan": ["plan", str(ORDERS)],
+        "rmqkit status": ["status", "--parking-age"],
+        "rmqkit doctor": ["doctor", "--topology", str(ORDERS), "--growth-sample", "0"],
+        "rmqkit publish": ["publish", "", WORK, "--body", '{"id": 9}'],
+        "rmqkit parking list": ["parking", "list", PARKING],
+        "rmqkit parking show": ["parking", "show", PARKING, message_id],
+        "rmqkit parking stats": ["parking", "stats", PARKING, "--max-count", "1"],
+        "rmqkit parking replay": ["parking", "replay", PARKING, "--dry-run"],
+        "rmqkit dedupe init": ["dedupe", "init", "--dsn", store],
+        "rmqkit dedupe status": ["dedupe", "status", "--dsn", store],
+        "rmqkit dedupe prune": ["dedupe", "prune", "--dsn", store, "--older-than", "1h"],
+        "rmqkit outbox status": ["outbox", "status", "--dsn", outbox],
+    }
+
+
+def test_json_prints_only_json_on_stdout(target: str, decoy: str, tmp_path: Path) -> None:
+    """Each command's --json output parses as JSON, all of stdout (NDJSON for `parking list`,
+    one object a line); warnings and progress go to stderr."""
+    from tests.unit.test_cli_conventions import every_command
+
+    listed = cli("parking", "list", PARKING, "--json", "--vhost", target, vhost=decoy)
+    message_id = json.loads(listed.stdout.splitlines()[0])["message_id"]
+    commands = _json_commands(target, tmp_path, message_id)
+    having_json = {
+        path
+        for path, command in every_command()
+        if any("--json" in getattr(param, "opts", []) for param in command.params)
+    }
+    assert having_json == set(commands), having_json ^ set(commands)
+    # dedupe status/prune and outbox status need their stores first.
+    for store in (["dedupe", "init"], ["outbox", "init"]):
+        dsn = commands[f"rmqkit {store[0]} {'status' if store[0] == 'outbox' else 'init'}"][-1]
+        made = cli(*store, "--dsn", dsn, vhost=decoy)
+        assert made.returncode == 0, made.stderr
+    env = environment(
+        RMQKIT_URL=with_vhost(broker.BASE_URL, decoy), RMQKIT_MANAGEMENT_URL=broker.MGMT
+    )
+
+    # Side by side, except the parking commands: each browses the lane, and a message another
+    # browse holds unacked is not there for `show` to find.
+    def run(args: list[str]) -> subprocess.Popen[str]:
+        return start([*args, "--json", "--vhost", target], env)
+
+    together = {p: run(a) for p, a in commands.items() if not p.startswith("rmqkit parking")}
+    done: dict[str, tuple[subprocess.Popen[str], str, str]] = {}
+    for path, args in commands.items():
+        if path.startswith("rmqkit parking"):
+            process = run(args)
+            done[path] = (process, *process.communicate(timeout=120))
+    for path, process in together.items():
+        done[path] = (process, *process.communicate(timeout=120))
+    for path, (process, out, err) in done.items():
+        # plan: 2 changes pending; checks: 1 warning, 2 critical (the stats limit is 1).
+        assert process.returncode in (0, 1, 2), (path, process.returncode, err)
+        try:
+            if path == "rmqkit parking list":
+                documents = [json.loads(line) for line in out.splitlines()]
+                assert len(documents) == PARKED
+            else:
+                json.loads(out)
+        except ValueError as exc:
+            raise AssertionError(f"{path}: stdout is not JSON ({exc}): {out[:300]!r}") from None
