@@ -81,11 +81,27 @@ class BindModel(_Strict):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+# The retry ladder of a work queue whose file does not say `retry_delays` (docs/topology.md).
+# One tier per retry that the default max_attempts (5) allows, each about 6-10x the one before:
+# 1 s absorbs a blip (a lock, a dropped connection), 10 s a dependency restarting, 1 m a
+# failover, 5 m a short outage or a deploy. Past ~6 minutes in all, parking and a replay after
+# the fix serve better than more waiting. Without it a file that forgot the key parked every
+# message on its first transient failure.
+DEFAULT_RETRY_DELAYS_MS: tuple[int, ...] = (1_000, 10_000, 60_000, 300_000)
+
+
 class QueueModel(_Strict):
-    """``[queues.NAME]``: a work queue with its wait queues and parking queue."""
+    """``[queues.NAME]``: a work queue with its wait queues and parking queue.
+
+    ``retry_delays``: one wait-queue tier per delay, tried in order (attempt 1 → the first tier;
+    the last tier repeats while attempts remain). Left out, the default ladder
+    ``DEFAULT_RETRY_DELAYS_MS`` applies: 1s, 10s, 1m, 5m (one tier per retry of the default
+    ``max_attempts = 5``). An explicit ``retry_delays = []`` means no retries: a transient
+    failure parks the message as ``exhausted`` at once.
+    """
 
     bind: list[BindModel] = Field(default_factory=list)
-    retry_delays: list[DurationMs] = Field(default_factory=list)
+    retry_delays: list[DurationMs] = Field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS_MS))
     max_attempts: int = Field(default=5, ge=1)
     delivery_limit: int = Field(default=10, ge=1)
     max_length: int | None = Field(default=None, ge=1)

@@ -87,3 +87,36 @@ def test_key_path_quotes_dotted_names() -> None:
     assert key_path(("queues", "orders.work", "bind", 0, "exchange")) == (
         'queues."orders.work".bind[0].exchange'
     )
+
+
+def test_a_work_queue_without_retry_delays_gets_the_default_ladder() -> None:
+    """Issue 15: a file that left out retry_delays parked every message on its first transient
+    failure; now it retries through 1s, 10s, 1m, 5m, and `plan` says it is the default."""
+    from rmqkit.topology.expand import expand, wait_queue_names
+    from rmqkit.topology.model import DEFAULT_RETRY_DELAYS_MS
+
+    topology = parse_topology("[queues.w]\n", "t.toml")
+    assert topology.model.queues["w"].retry_delays == [1_000, 10_000, 60_000, 300_000]
+    assert tuple(topology.model.queues["w"].retry_delays) == DEFAULT_RETRY_DELAYS_MS
+    tiers = wait_queue_names(topology, "w")
+    assert [slots[-1][0] for slots in tiers] == [
+        "w.wait.1s",
+        "w.wait.10s",
+        "w.wait.1m",
+        "w.wait.5m",
+    ]
+    [work] = expand(topology).work_queues
+    assert work.default_retries and work.text().startswith(
+        "w: retries 1s, 10s, 1m, 5m (the default ladder), max_attempts 5;"
+    )
+
+
+def test_an_explicit_empty_retry_delays_means_no_retries() -> None:
+    from rmqkit.topology.expand import expand, wait_queue_names
+
+    topology = parse_topology("[queues.w]\nretry_delays = []\n", "t.toml")
+    assert topology.model.queues["w"].retry_delays == []
+    assert wait_queue_names(topology, "w") == []
+    assert {q.role for q in expand(topology).queues} == {"work", "parking"}
+    [work] = expand(topology).work_queues
+    assert not work.default_retries and "no retries" in work.text()
