@@ -267,7 +267,7 @@ def test_delivered_route_names_the_producers_target_not_the_ladders_exchange() -
 
 def test_delayed_in_reads_waiting_and_stuck_from_management_stats() -> None:
     ladder = Ladder(prefix="t", unit_ms=10, bits=3)
-    stats = [
+    stats: list[dict[str, Any]] = [
         {"name": "t.10ms.00-10ms", "messages": 3, "messages_dlx": 1},  # messages includes dlx
         {"name": "t.10ms.02-40ms", "messages": 5},  # classic: no messages_dlx
         {"name": "other", "messages": 9},
