@@ -47,6 +47,10 @@ HOST: Final = "rmqkit-host"
 """str: host name of the consumer that made the latest decision."""
 PID: Final = "rmqkit-pid"
 """int: process id of the consumer that made the latest decision."""
+DELIVERED: Final = "rmqkit-delivered"
+"""int: how many times the broker delivered the failing copy from the work queue (its
+``x-delivery-count`` + 1): above 1 when earlier deliveries did not finish (a worker crash, a
+kill -9, a lost connection). Attempts count handler failures; this counts deliveries."""
 
 # --- retry copies only ----------------------------------------------------------------------------
 RETRY_TIER: Final = "rmqkit-retry-tier"
@@ -78,6 +82,7 @@ ALL_HEADERS: Final = frozenset(
         LAST_FAILED_AT,
         HOST,
         PID,
+        DELIVERED,
         RETRY_TIER,
         RETRY_DELAY_MS,
         PARK_REASON,

@@ -7,6 +7,7 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -27,6 +28,7 @@ from rmqkit.cli.render import stdout
 from rmqkit.durations import age_text
 from rmqkit.errors import DataError
 from rmqkit.fileout import OutputError
+from rmqkit.parking.delivered import DeliveryLimits, delivered, delivery_limits, needs_limits
 from rmqkit.parking.model import ParkedMessage, json_safe, redact_body
 from rmqkit.parking.ops import find_parked, list_parked
 from rmqkit.parking.thresholds import ParkingCheck, StatsLimits, check_parking
@@ -46,12 +48,15 @@ def list_cmd(
     now = datetime.now(UTC)  # ages as of the start of the browse
     rows: list[ParkedMessage] = []
     emitted = 0
+    # `delivered` of a message the delivery limit parked is its work queue's limit + 1: NDJSON
+    # streams, so it reads the vhost's limits first; the table and TSV only those it shows.
+    limits = run_async(delivery_limits(settings, None)) if as_json else {}
 
     def emit(message: ParkedMessage) -> None:
         nonlocal emitted
         emitted += 1
         if as_json:
-            _write(json.dumps(message.summary(redact=keys), default=str) + "\n")
+            _write(json.dumps(_summary(message, keys, limits), default=str) + "\n")
         else:
             rows.append(message)
 
@@ -64,11 +69,29 @@ def list_cmd(
     explain_no_match(sel, emitted)
     if as_json:
         _write(None)
-    elif not stdout.is_terminal:  # piped: one tab-separated line per message, never wrapped
-        _print_lines(rows, now, keys)
+        return
+    limits = run_async(delivery_limits(settings, needs_limits(rows)))
+    if not stdout.is_terminal:  # piped: one tab-separated line per message, never wrapped
+        _print_lines(rows, now, keys, limits)
     else:
         title = f"{sel.queue}: {len(rows)} of {stats.queue_count} message(s)"
-        stdout.print(_list_table(title, rows, now, keys))
+        stdout.print(_list_table(title, rows, now, keys, limits))
+
+
+def _summary(
+    message: ParkedMessage, keys: frozenset[str], limits: DeliveryLimits
+) -> dict[str, Any]:
+    """The message's summary with ``delivered`` (None: unknown) after ``attempts``."""
+    summary: dict[str, Any] = {}
+    for name, value in message.summary(redact=keys).items():
+        summary[name] = value
+        if name == "attempts":
+            summary["delivered"] = delivered(message, limits)
+    return summary
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _write(text: str | None) -> None:
@@ -82,8 +105,10 @@ def _write(text: str | None) -> None:
         raise OutputError(f"writing the listing failed: {exc.strerror or exc}") from None
 
 
-def _print_lines(rows: list[ParkedMessage], now: datetime, keys: frozenset[str]) -> None:
-    print("message_id\treason\terror_type\terror_message\tattempts\torigin\tage\tsize")
+def _print_lines(
+    rows: list[ParkedMessage], now: datetime, keys: frozenset[str], limits: DeliveryLimits
+) -> None:
+    print("message_id\treason\terror_type\terror_message\tattempts\tdelivered\torigin\tage\tsize")
     for m in rows:
         text = (m.redacted_error(keys) or "").replace("\t", " ").replace("\n", " ")
         fields = (
@@ -92,6 +117,7 @@ def _print_lines(rows: list[ParkedMessage], now: datetime, keys: frozenset[str])
             m.error_type or "-",
             text,
             str(m.attempts),
+            _count(delivered(m, limits)),
             m.origin_queue or "-",
             age_text(m.age_s(now)),
             str(m.size),
@@ -100,10 +126,15 @@ def _print_lines(rows: list[ParkedMessage], now: datetime, keys: frozenset[str])
 
 
 def _list_table(
-    title: str, rows: list[ParkedMessage], now: datetime, keys: frozenset[str]
+    title: str,
+    rows: list[ParkedMessage],
+    now: datetime,
+    keys: frozenset[str],
+    limits: DeliveryLimits,
 ) -> Table:
     table = Table(title=title, title_justify="left")
-    for column in ("message_id", "reason", "error", "attempts", "origin", "age", "size"):
+    columns = ("message_id", "reason", "error", "attempts", "delivered", "origin", "age", "size")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for m in rows:
         error = f"{m.error_type or '-'}: {m.redacted_error(keys) or ''}".strip(": ")
@@ -112,6 +143,7 @@ def _list_table(
             m.reason or "-",
             error[:80],
             str(m.attempts),
+            _count(delivered(m, limits)),
             m.origin_queue or "-",
             age_text(m.age_s(now)),
             str(m.size),
@@ -140,8 +172,9 @@ def show_cmd(
         for prop in PROPERTIES
         if prop.name != "headers" and getattr(props, prop.attr, None) is not None
     }
+    limits = run_async(delivery_limits(settings, needs_limits([message])))
     document = {
-        **message.summary(redact=keys),
+        **_summary(message, keys, limits),
         "properties": properties,
         "body": redact_body(message.body, keys),
     }

@@ -166,6 +166,20 @@ def attempt_number(
     return attempts_made(headers, queue, wait_queues=wait_queues) + 1
 
 
+def delivery_count(headers: Mapping[str, Any] | None, redelivered: bool = False) -> int:
+    """How many times the queue has delivered this message, this delivery included.
+
+    ``x-delivery-count`` (quorum queues: returns before this delivery) + 1. Without the header
+    (3.12+ omit it at 0; classic queues never set it) 1, or 2 when the broker flags the
+    delivery as ``redelivered`` (a lower bound). Not an attempt (see the module docstring): it
+    shows a crash loop, which attempts cannot, since no failure is ever recorded.
+    """
+    count = _non_negative_int((headers or {}).get("x-delivery-count"))
+    if count is None:
+        return 2 if redelivered else 1
+    return count + 1
+
+
 def delivery_limit_hit(headers: Mapping[str, Any] | None) -> bool:
     """Whether a quorum queue's delivery limit dead-lettered this message (at any point)."""
     return read_death_history(headers).delivery_limit_hit

@@ -63,13 +63,15 @@ class CopySender:
         tag: int,
         attempt: int,
         traceback: Callable[[], str] | None = None,
+        deliveries: int = 1,
     ) -> None:
         """Publish ``decision``'s copy of ``delivered`` on ``channel`` (the consumer's current
         one) and settle the original (tag ``tag``). ``traceback`` formats the handler's
-        traceback; it is called, and logged, only for a confirmed copy of attempt 1."""
+        traceback; it is called, and logged, only for a confirmed copy of attempt 1.
+        ``deliveries``: the broker's delivery count of this delivery, shown as ``delivered``."""
         props = delivered.header.properties
         copy = copy_properties(props, decision.headers)
-        extra = {"message_id": props.message_id, "attempt": attempt}
+        extra = {"message_id": props.message_id, "attempt": attempt, "delivered": deliveries}
         target = decision.target_queue
         try:
             if channel is None or not channel.owns(delivered):

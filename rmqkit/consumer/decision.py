@@ -13,6 +13,8 @@ Header policy of the copies (names in rmqkit.headers, described in docs/headers.
 * ORIGINAL_EXCHANGE / ORIGINAL_ROUTING_KEY and FIRST_FAILED_AT are written once and then kept: a
   retried copy comes back from its wait queue through the default exchange with the work queue's
   name as routing key, which must not overwrite where the producer sent it;
+* DELIVERED = the broker's deliveries of the failing copy (x-delivery-count + 1), > 1 after
+  crashes or lost connections;
 * the last error (type under its public name, rmqkit.headers.public_type_name; bounded
   message), LAST_FAILED_AT, HOST and PID describe the latest failure
   on retries and parks alike, so an operator can see why a message is waiting;
@@ -239,18 +241,22 @@ def decide(
     host: str,
     pid: int,
     rand: Callable[[], float] = random.random,
+    delivered: int = 1,
 ) -> Decision:
     """What to do with one delivery of ``policy.queue`` given how handling it went.
 
     ``exchange``/``routing_key``: the delivery's (used as the original ones only if the message
     carries none yet). ``now`` should be timezone-aware (naive is taken as UTC). ``rand`` returns a
-    float in [0, 1) and picks the jitter slot.
+    float in [0, 1) and picks the jitter slot. ``delivered``: the broker's delivery count of
+    this delivery (attempts.delivery_count), recorded in the copy.
     """
     if isinstance(outcome, Success):
         return Ack()
 
     attempt = attempt_number(headers, policy.queue, wait_queues=policy.all_wait_queues)
-    context = _CopyContext(headers, policy, exchange, routing_key, now, host, pid, attempt)
+    context = _CopyContext(
+        headers, policy, exchange, routing_key, now, host, pid, attempt, delivered
+    )
 
     if isinstance(outcome, Undecodable):
         error = _Error(h.public_type_name(outcome.exc_type), outcome.detail, outcome.traceback)
@@ -308,6 +314,7 @@ class _CopyContext:
     host: str
     pid: int
     attempt: int
+    delivered: int = 1
 
     def retry(self, target: str, tier: int, delay_ms: int, error: _Error) -> Retry:
         copy = self._failure_headers(error)
@@ -342,6 +349,7 @@ class _CopyContext:
         copy[h.ERROR_MESSAGE] = h.truncate_message(error.message)
         copy[h.HOST] = self.host
         copy[h.PID] = self.pid
+        copy[h.DELIVERED] = self.delivered
         return copy
 
     def _first_death_here(self) -> DeathEvent | None:

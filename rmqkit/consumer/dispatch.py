@@ -27,7 +27,7 @@ from typing import Any
 from rmqkit.broker.codec import Timestamp
 from rmqkit.broker.session import Channel, Delivery
 from rmqkit.consumer.acks import AckTracker
-from rmqkit.consumer.attempts import attempt_number
+from rmqkit.consumer.attempts import attempt_number, delivery_count
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.copies import CopySender
 from rmqkit.consumer.decision import (
@@ -50,6 +50,7 @@ from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.headers import ATTEMPT
 
 log = logging.getLogger("rmqkit.consumer")
+DELIVERY_COUNT = "x-delivery-count"
 HOST = socket.gethostname()
 
 
@@ -151,6 +152,7 @@ class Dispatcher:
         config = self.config
         outcome: Any
         attempt = 1
+        deliveries = 1  # the broker's count for this delivery (x-delivery-count + 1)
         if config.max_message_bytes is not None and len(body) > config.max_message_bytes:
             outcome = TooLarge(len(body), config.max_message_bytes)
         elif config.require_message_id and not props.message_id:
@@ -161,6 +163,10 @@ class Dispatcher:
             if headers and ("x-death" in headers or ATTEMPT in headers):
                 attempt = attempt_number(headers, config.queue, wait_queues=self._wait_queues)
             current_message.set((props.message_id, attempt))
+            if deliver.redelivered or headers.get(DELIVERY_COUNT):
+                deliveries = delivery_count(headers, bool(deliver.redelivered))
+                if deliveries > 1:
+                    self._redelivered(props.message_id, attempt, deliveries)
             message = Message(
                 body,
                 headers=headers,
@@ -201,12 +207,31 @@ class Dispatcher:
             now=datetime.now(UTC),
             host=HOST,
             pid=self._pid,
+            delivered=deliveries,
         )
         if isinstance(decision, Ack):
             self._finished(tracker, tag)
             return
         await self._copies.send(
-            self._channel, delivered, decision, tracker, tag, attempt, _traceback_of(outcome)
+            self._channel,
+            delivered,
+            decision,
+            tracker,
+            tag,
+            attempt,
+            _traceback_of(outcome),
+            deliveries,
+        )
+
+    def _redelivered(self, message_id: str | None, attempt: int, delivered: int) -> None:
+        """A crash loop shows here: attempts stay put (no failure is ever recorded) while the
+        broker's delivery count rises until its delivery limit parks the message."""
+        log.warning(
+            "redelivered (delivery %d): an earlier delivery of this message did not finish "
+            "(a worker crash or kill, a lost connection, a stop past the grace); the queue's "
+            "delivery limit parks it if this repeats",
+            delivered,
+            extra={"message_id": message_id, "attempt": attempt, "delivered": delivered},
         )
 
     def _check_threads(self, threads: HandlerThreads) -> None:

@@ -31,6 +31,7 @@ from typing import Any, Final, Literal, TextIO
 CONTEXT_FIELDS: Final = (
     "message_id",
     "attempt",
+    "delivered",
     "queue",
     "delivery_tag",
     "decision",

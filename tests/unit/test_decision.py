@@ -17,7 +17,7 @@ from pamqp import decode as pamqp_decode
 from pamqp import encode as pamqp_encode
 
 from rmqkit import headers as h
-from rmqkit.consumer.attempts import attempt_number
+from rmqkit.consumer.attempts import attempt_number, delivery_count
 from rmqkit.consumer.decision import (
     Ack,
     Failed,
@@ -116,6 +116,7 @@ def test_first_transient_failure_retries_in_tier_0() -> None:
         h.ERROR_MESSAGE: "db timed out",
         h.HOST: "worker-1",
         h.PID: 4242,
+        h.DELIVERED: 1,
         h.RETRY_TIER: 0,
         h.RETRY_DELAY_MS: 1000,
     }
@@ -444,6 +445,7 @@ def test_park_headers_are_complete() -> None:
         h.LAST_FAILED_AT: NOW_TEXT,
         h.HOST: "worker-1",
         h.PID: 4242,
+        h.DELIVERED: 1,
     }
 
 
@@ -759,3 +761,39 @@ def test_republish_cycles_count_every_attempt_exactly_once(
         if final.reason == h.ParkingReason.EXHAUSTED:
             assert seen[-1] == max_attempts
         assert_publishable(final.headers)
+
+
+def test_copies_record_the_brokers_delivery_count() -> None:
+    """DELIVERED is the broker's count of the failing delivery (issue 14: a message whose worker
+    crashed twice fails on its third delivery), written on retry and park copies alike, and an
+    old value is overwritten, never carried along."""
+    for outcome in (TRANSIENT, Failed("myapp.errors.BadInput", "bad", "")):
+        decision = decide(
+            outcome,
+            {h.DELIVERED: 7, "x-delivery-count": 2},
+            POLICY,
+            exchange="orders",
+            routing_key="order.created",
+            now=NOW,
+            host="worker-1",
+            pid=4242,
+            delivered=3,
+        )
+        assert isinstance(decision, Retry | Park)
+        assert decision.headers[h.DELIVERED] == 3
+        assert "x-delivery-count" not in decision.headers
+
+
+@pytest.mark.parametrize(
+    ("headers", "redelivered", "count"),
+    [
+        ({}, False, 1),
+        ({}, True, 2),  # no header (3.12+ at 0, classic queues): a lower bound
+        ({"x-delivery-count": 0}, False, 1),  # 3.10 sets it at 0
+        ({"x-delivery-count": 3}, True, 4),
+        ({"x-delivery-count": "5"}, True, 6),
+        ({"x-delivery-count": "junk"}, True, 2),
+    ],
+)
+def test_delivery_count(headers: dict[str, Any], redelivered: bool, count: int) -> None:
+    assert delivery_count(headers, redelivered) == count
