@@ -7,7 +7,7 @@ here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rmqkit.consumer.decision import QueuePolicy
@@ -93,7 +93,18 @@ def policy_from_topology(topology: Topology, queue: str, max_attempts: int | Non
         max_attempts=max_attempts or spec.max_attempts,
         wait_queues=tuple(tuple(name for name, _ in slots) for slots in tiers),
         permanent_errors=frozenset(spec.permanent_errors),
+        wait_ttls_ms=tuple(tuple(ttl for _, ttl in slots) for slots in tiers),
+        full_jitter=full_jitter(spec),
     )
+
+
+def full_jitter(spec: object) -> bool:
+    """Whether a queue's retries use full jitter (a wait uniform over [0, d]): its topology says
+    ``jitter = 1.0``, the jitter window ``[d*(1-jitter), d]`` grown to ``[0, d]``. (The topology
+    model accepts jitter < 1.0 today; the field is read here so that allowing 1.0 there is the
+    only change needed.)"""
+    jitter = getattr(spec, "jitter", 0.0)
+    return isinstance(jitter, int | float) and jitter >= 1.0
 
 
 def build_config(
@@ -107,13 +118,8 @@ def build_config(
     """Combine flags, topology and broker facts; collect warnings for the operator."""
     spec = topology.model.queues[queue] if topology is not None else None
     if flags.permanent_errors:
-        policy = QueuePolicy(
-            queue=policy.queue,
-            parking_queue=policy.parking_queue,
-            retry_delays_ms=policy.retry_delays_ms,
-            max_attempts=policy.max_attempts,
-            wait_queues=policy.wait_queues,
-            permanent_errors=policy.permanent_errors | frozenset(flags.permanent_errors),
+        policy = replace(
+            policy, permanent_errors=policy.permanent_errors | frozenset(flags.permanent_errors)
         )
     prefetch = flags.prefetch or (spec.prefetch if spec else DEFAULT_PREFETCH)
     timeout_s = flags.handler_timeout_s

@@ -71,6 +71,9 @@ class CopySender:
         ``deliveries``: the broker's delivery count of this delivery, shown as ``delivered``."""
         props = delivered.header.properties
         copy = copy_properties(props, decision.headers)
+        if isinstance(decision, RetryDecision) and decision.expiration_ms is not None:
+            # Full jitter: the drawn wait, as a per-message TTL within the slot queue's own.
+            copy.expiration = str(decision.expiration_ms)
         extra = {"message_id": props.message_id, "attempt": attempt, "delivered": deliveries}
         target = decision.target_queue
         try:

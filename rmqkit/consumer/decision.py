@@ -45,6 +45,15 @@ class QueuePolicy:
     the message as ``exhausted`` on its first failure, whatever ``max_attempts`` says
     (``effective_max_attempts`` is then 1); returning it to the work queue instead would be exactly
     the poison loop rmqkit exists to prevent.
+
+    Jitter. By default a retry goes to one of its tier's slot queues picked uniformly, and waits
+    that slot's TTL (the topology spreads the TTLs over ``[d*(1-jitter), d]``). With
+    ``full_jitter`` (seed 001's "full jitter": the wait uniform over ``[0, d]``) the consumer
+    draws ``t`` uniformly from ``[0, d]``, sends the copy to the slot with the smallest TTL
+    ``>= t`` (``wait_ttls_ms``) and gives it a per-message ``expiration`` of ``t``. Expiry
+    happens at a queue's head only, so a copy may wait behind an earlier one in its slot: its
+    wait is within ``[t, the slot's TTL]``, off by less than the gap between two slot TTLs —
+    which is why full jitter wants slots spread over ``(0, d]`` (the topology's ``jitter = 1.0``).
     """
 
     queue: str
@@ -54,6 +63,9 @@ class QueuePolicy:
     wait_queues: tuple[tuple[str, ...], ...]  # per tier, its jitter slot queues (slot 0 .. n-1)
     # exception type names, qualified ("pkg.mod.Cls") or bare ("Cls"), that park immediately
     permanent_errors: frozenset[str] = frozenset()
+    # per tier, the TTL of each slot queue (aligned with wait_queues); () when not known
+    wait_ttls_ms: tuple[tuple[int, ...], ...] = ()
+    full_jitter: bool = False  # the wait uniform over [0, d] (see the class docstring)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -68,6 +80,12 @@ class QueuePolicy:
                 raise ValueError(f"retry delays must be positive, got {delay_ms} ms")
             if not slots:
                 raise ValueError(f"the {delay_ms} ms tier has no wait queue")
+        if self.wait_ttls_ms and [len(t) for t in self.wait_ttls_ms] != [
+            len(s) for s in self.wait_queues
+        ]:
+            raise ValueError("wait_ttls_ms must give one TTL per slot queue of every tier")
+        if self.full_jitter and not self.wait_ttls_ms and self.wait_queues:
+            raise ValueError("full jitter needs the slot queues' TTLs (wait_ttls_ms)")
 
     @property
     def effective_max_attempts(self) -> int:
@@ -206,6 +224,8 @@ class Retry:
     headers: dict[str, Any] = field(hash=False)
     tier_index: int
     delay_ms: int  # the tier's nominal delay; the slot's TTL is at most this
+    # full jitter: the copy's per-message TTL (the drawn wait), None to wait the slot's TTL
+    expiration_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -289,8 +309,22 @@ def decide(
         return context.park(h.ParkingReason.EXHAUSTED, error)
     tier = _tier_for(policy, attempt, requested_delay_s)
     slots = policy.wait_queues[tier]
+    if policy.full_jitter:
+        index, expiration_ms = _full_jitter_slot(policy, tier, rand)
+        return context.retry(slots[index], tier, policy.retry_delays_ms[tier], error, expiration_ms)
     slot = min(int(rand() * len(slots)), len(slots) - 1)
     return context.retry(slots[max(slot, 0)], tier, policy.retry_delays_ms[tier], error)
+
+
+def _full_jitter_slot(
+    policy: QueuePolicy, tier: int, rand: Callable[[], float]
+) -> tuple[int, int | None]:
+    """Full jitter: the slot for a wait ``t`` uniform over ``[0, d]`` (the one with the smallest
+    TTL >= t) and the copy's expiration (None when the slot's TTL is ``t`` already)."""
+    ttls = policy.wait_ttls_ms[tier]
+    wait_ms = min(int(rand() * (policy.retry_delays_ms[tier] + 1)), max(ttls))
+    index = min((i for i, ttl in enumerate(ttls) if ttl >= wait_ms), key=lambda i: (ttls[i], i))
+    return index, (None if wait_ms >= ttls[index] else wait_ms)
 
 
 def _tier_for(policy: QueuePolicy, attempt: int, requested_delay_s: float | None) -> int:
@@ -316,13 +350,26 @@ class _CopyContext:
     attempt: int
     delivered: int = 1
 
-    def retry(self, target: str, tier: int, delay_ms: int, error: _Error) -> Retry:
+    def retry(
+        self,
+        target: str,
+        tier: int,
+        delay_ms: int,
+        error: _Error,
+        expiration_ms: int | None = None,
+    ) -> Retry:
         copy = self._failure_headers(error)
         copy.pop(h.PARK_REASON, None)
         copy.pop(h.TRACEBACK, None)
         copy[h.RETRY_TIER] = tier
         copy[h.RETRY_DELAY_MS] = delay_ms
-        return Retry(target_queue=target, headers=copy, tier_index=tier, delay_ms=delay_ms)
+        return Retry(
+            target_queue=target,
+            headers=copy,
+            tier_index=tier,
+            delay_ms=delay_ms,
+            expiration_ms=expiration_ms,
+        )
 
     def park(self, reason: h.ParkingReason, error: _Error) -> Park:
         copy = self._failure_headers(error)

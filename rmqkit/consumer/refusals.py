@@ -38,7 +38,14 @@ LOG_EVERY_S = 30.0
 
 
 class Backoff:
-    """Exponential backoff with jitter (seed 001): uniform(c/2, c), c = min(cap, base*2^n)."""
+    """Exponential backoff with "equal jitter": the n-th delay (n = 0 after a reset) is uniform
+    over ``[c/2, c]``, ``c = min(cap, base * 2**n)``. Used for reconnects and refused copies.
+
+    Not seed 001's *full* jitter (uniform over ``[0, c]``, which retries can use: QueuePolicy
+    ``full_jitter``): a reconnect after a broker went away, or an original put back while its
+    target is full, should never come straight back, so half the ceiling is a floor. With the
+    defaults a reconnect waits 0.25-0.5 s, then 0.5-1 s, 1-2 s, … up to 15-30 s.
+    """
 
     def __init__(self, base_s: float = 0.5, cap_s: float = 30.0) -> None:
         self.base_s, self.cap_s, self.failures = base_s, cap_s, 0

@@ -797,3 +797,91 @@ def test_copies_record_the_brokers_delivery_count() -> None:
 )
 def test_delivery_count(headers: dict[str, Any], redelivered: bool, count: int) -> None:
     assert delivery_count(headers, redelivered) == count
+
+
+FULL = QueuePolicy(
+    queue="q",
+    parking_queue="q.parking",
+    retry_delays_ms=(1000,),
+    max_attempts=3,
+    wait_queues=(
+        (
+            "q.wait.1s.slot-1ms",
+            "q.wait.1s.slot-250ms",
+            "q.wait.1s.slot-500ms",
+            "q.wait.1s.slot-750ms",
+            "q.wait.1s",
+        ),
+    ),
+    wait_ttls_ms=((1, 250, 500, 750, 1000),),
+    full_jitter=True,
+)
+
+
+def _full_retry(value: float, policy: QueuePolicy = FULL) -> Retry:
+    decision = decide(
+        TRANSIENT,
+        {},
+        policy,
+        exchange="",
+        routing_key="q",
+        now=NOW,
+        host="h",
+        pid=1,
+        rand=lambda: value,
+    )
+    assert isinstance(decision, Retry)
+    return decision
+
+
+@pytest.mark.parametrize(
+    ("value", "slot", "expiration"),
+    [
+        (0.0, "q.wait.1s.slot-1ms", 0),  # a wait of 0 ms: expires at once
+        (0.3, "q.wait.1s.slot-500ms", 300),  # int(0.3 * 1001) = 300: the 500 ms slot
+        (0.25, "q.wait.1s.slot-250ms", None),  # 250 ms: the slot's own TTL, no expiration
+        (0.9999, "q.wait.1s", None),  # 1000 ms: the full delay
+    ],
+)
+def test_full_jitter_picks_the_slot_at_or_above_the_drawn_wait(
+    value: float, slot: str, expiration: int | None
+) -> None:
+    retry = _full_retry(value)
+    assert (retry.target_queue, retry.expiration_ms, retry.delay_ms) == (slot, expiration, 1000)
+
+
+def test_full_jitter_waits_are_uniform_over_zero_to_the_delay() -> None:
+    """Seed 001: uniform over [0, d], not over the slot window [d/2, d]."""
+    rng = random.Random(7)
+    waits = []
+    for _ in range(20_000):
+        retry = _full_retry(rng.random())
+        index = FULL.wait_queues[0].index(retry.target_queue)
+        ttl = FULL.wait_ttls_ms[0][index]
+        wait = ttl if retry.expiration_ms is None else retry.expiration_ms
+        assert wait <= ttl  # never longer than its slot, so never longer than the tier
+        waits.append(wait)
+    assert min(waits) == 0 and max(waits) == 1000
+    quarters = Counter(min(w // 250, 3) for w in waits)
+    assert all(4500 <= quarters[q] <= 5500 for q in range(4)), quarters
+    assert abs(sum(waits) / len(waits) - 500) < 15
+
+
+def test_window_jitter_is_unchanged_and_sets_no_expiration() -> None:
+    window = QueuePolicy(
+        queue="q",
+        parking_queue="q.parking",
+        retry_delays_ms=(1000,),
+        max_attempts=3,
+        wait_queues=(("q.wait.1s.slot-500ms", "q.wait.1s"),),
+        wait_ttls_ms=((500, 1000),),
+    )
+    assert _full_retry(0.0, window).target_queue == "q.wait.1s.slot-500ms"
+    assert _full_retry(0.0, window).expiration_ms is None
+
+
+def test_full_jitter_needs_the_slot_ttls() -> None:
+    with pytest.raises(ValueError, match="wait_ttls_ms"):
+        QueuePolicy("q", "q.parking", (1000,), 3, (("q.wait.1s",),), full_jitter=True)
+    with pytest.raises(ValueError, match="one TTL per slot"):
+        QueuePolicy("q", "q.parking", (1000,), 3, (("a", "b"),), wait_ttls_ms=((1000,),))
