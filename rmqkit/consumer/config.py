@@ -56,6 +56,9 @@ class ConsumerConfig:
     consumer_timeout_s: float = BROKER_CONSUMER_TIMEOUT_S
     warnings: tuple[str, ...] = field(default=())
     dedupe: DedupeConfig | None = None  # None: no store, no per-message database work
+    # --conflate-key-header: of the messages held with the same value of this header, only the
+    # newest is handled (rmqkit.consumer.conflation); None: every message is handled
+    conflate_key_header: str | None = None
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -75,6 +78,7 @@ class ConsumerFlags:
     log_format: Literal["text", "json"] = "text"
     permanent_errors: tuple[str, ...] = ()
     dedupe: DedupeConfig | None = None
+    conflate_key_header: str | None = None
 
 
 def policy_from_topology(topology: Topology, queue: str, max_attempts: int | None) -> QueuePolicy:
@@ -178,4 +182,5 @@ def build_config(
         consumer_timeout_s=consumer_timeout_s,
         warnings=tuple(warnings),
         dedupe=flags.dedupe,
+        conflate_key_header=flags.conflate_key_header or None,
     )

@@ -29,6 +29,7 @@ from rmqkit.broker.session import Channel, Delivery
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.attempts import attempt_number, delivery_count
 from rmqkit.consumer.config import ConsumerConfig
+from rmqkit.consumer.conflation import Conflation, key_of
 from rmqkit.consumer.copies import CopySender
 from rmqkit.consumer.decision import (
     Ack,
@@ -119,6 +120,9 @@ class Dispatcher:
         self.dedupe: DedupeStep | None = None
         if config.dedupe is not None:
             self.dedupe = DedupeStep(config, handler, metrics, self.threads, self._permanent)
+        # --conflate-key-header: only the newest message per key is handled (None: off).
+        self._conflate_header = config.conflate_key_header
+        self.conflation = Conflation() if config.conflate_key_header else None
 
     def stop(self) -> None:
         """Ask for a graceful stop: no new deliveries; in-flight ones finish within the grace."""
@@ -180,18 +184,21 @@ class Dispatcher:
                 timestamp=_as_datetime(props.timestamp),
                 delivery_tag=tag,
             )
-            if self.dedupe is None:
-                started = perf_counter()
-                outcome = await run_handler(
-                    self.handler,
-                    message,
-                    timeout_s=config.handler_timeout_s,
-                    permanent_types=self._permanent,
-                    executor=self.threads,
-                )
-                self.metrics.observe_handler(perf_counter() - started)
+            if self.conflation is None:
+                outcome = await self._run(message)
             else:
-                outcome = await self.dedupe.handle(message)
+                key = key_of(headers.get(self._conflate_header or ""))
+                if key is None:
+                    outcome = await self._run(message)
+                elif not await self.conflation.admit(key):
+                    self._superseded(props.message_id, attempt, key)
+                    self._finished(tracker, tag)
+                    return
+                else:
+                    try:
+                        outcome = await self._run(message)
+                    finally:
+                        self.conflation.release(key)
         if type(outcome) is Success:
             self._finished(tracker, tag)
             return
@@ -221,6 +228,30 @@ class Dispatcher:
             attempt,
             _traceback_of(outcome),
             deliveries,
+        )
+
+    async def _run(self, message: Message) -> Any:
+        """The handler's outcome for ``message`` (in a store transaction with --dedupe)."""
+        if self.dedupe is not None:
+            return await self.dedupe.handle(message)
+        started = perf_counter()
+        outcome = await run_handler(
+            self.handler,
+            message,
+            timeout_s=self.config.handler_timeout_s,
+            permanent_types=self._permanent,
+            executor=self.threads,
+        )
+        self.metrics.observe_handler(perf_counter() - started)
+        return outcome
+
+    def _superseded(self, message_id: str | None, attempt: int, key: str) -> None:
+        self.metrics.superseded()
+        log.info(
+            "superseded: a newer message with %s=%s arrived; acked without calling the handler",
+            self._conflate_header,
+            key,
+            extra={"message_id": message_id, "attempt": attempt, "decision": "superseded"},
         )
 
     def _redelivered(self, message_id: str | None, attempt: int, delivered: int) -> None:

@@ -31,6 +31,8 @@ Series (all prefixed ``rmqkit_consumer_``):
                                   acked without calling the handler
 ``stale_total``        counter    ordering guard: deliveries not newer than their key's applied
                                   version, acked without calling the handler
+``superseded_total``   counter    ``--conflate-key-header``: deliveries a newer one with the same
+                                  key replaced in the consumer's window, acked unhandled
 =====================  =========  ===============================================================
 
 The HTTP endpoints that serve these numbers (``/metrics``, ``/healthz``, ``/readyz``) are
@@ -123,6 +125,7 @@ class ConsumerMetrics:
         self._cancelled_by_broker = 0
         self._duplicates = 0
         self._stale = 0
+        self._superseded = 0
         self.threads_exhausted_now = False  # until the worker is recycled: not ready
         self.connected = False
         self.consuming = False
@@ -192,6 +195,10 @@ class ConsumerMetrics:
     def stale(self) -> None:
         """The ordering guard: a message not newer than its key's version, acked unhandled."""
         self._stale += 1
+
+    def superseded(self) -> None:
+        """Conflation: a newer message with the same key replaced this one; acked unhandled."""
+        self._superseded += 1
 
     def cancelled_by_broker(self) -> None:
         """The broker cancelled this consumer (basic.cancel)."""
@@ -316,6 +323,11 @@ class _Collector(Collector):
             "stale",
             "Deliveries not newer than their key's applied version (ordering guard): acked.",
             m._stale,
+        )
+        yield counter(
+            "superseded",
+            "Deliveries replaced by a newer one with the same key (conflation): acked.",
+            m._superseded,
         )
 
 
