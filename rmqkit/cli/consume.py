@@ -121,6 +121,12 @@ def consume(
         "--order-version-header",
         help="Ordering guard: the header holding its integer version; not newer → acked stale.",
     ),
+    conflate_key_header: str | None = typer.Option(
+        None,
+        "--conflate-key-header",
+        help="Conflation: of the messages a worker holds with the same value of this header, "
+        "only the newest is handled; the others are acked as superseded.",
+    ),
 ) -> None:
     """Consume QUEUE with HANDLER under supervision: manual acks, retries through the wait
     queues, poison and exhausted messages to parking. SIGTERM stops gracefully (exit 0).
@@ -146,6 +152,7 @@ def consume(
             order_key_header=order_key_header,
             order_version_header=order_version_header,
         ),
+        conflate_key_header=conflate_key_header,
     )
     spec = load_topology(topology) if topology is not None else None
     config = run_async(_resolve(settings, handler, queue, flags, spec))
