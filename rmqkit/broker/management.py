@@ -12,6 +12,9 @@ import httpx
 from rmqkit.errors import AccessRefused, BrokerError, BrokerUnavailable, DataError
 from rmqkit.settings import Settings, mask_url
 
+# The columns of /api/nodes rmqkit reads (the full rows carry dozens of metrics per node).
+_NODE = "name,running,type,mem_alarm,disk_free_alarm,mem_used,mem_limit,disk_free,disk_free_limit"
+
 
 def _q(name: str) -> str:
     return quote(name, safe="")
@@ -133,6 +136,15 @@ class ManagementClient:
     async def vhost_info(self) -> dict[str, Any]:
         """``/api/vhosts/{vhost}``: the vhost's own ``message_stats`` (unroutable counts)."""
         result: dict[str, Any] = await self.request("GET", f"/vhosts/{_q(self.vhost)}")
+        return result
+
+    async def nodes(self) -> list[dict[str, Any]] | None:
+        """``/api/nodes``: every node of the cluster, with its resource alarms and the usage
+        behind them; None when this user may not read it (it needs the monitoring tag)."""
+        try:
+            result: list[dict[str, Any]] = await self.request("GET", f"/nodes?columns={_NODE}")
+        except AccessRefused:
+            return None
         return result
 
     async def connections(self) -> list[dict[str, Any]]:

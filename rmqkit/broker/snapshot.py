@@ -170,6 +170,35 @@ def effective_queue(
 
 
 @dataclass(frozen=True)
+class NodeView:
+    """One node of the cluster as ``/api/nodes`` shows it: running, and its resource alarms
+    with the usage and limit behind each (None where the broker does not say)."""
+
+    name: str
+    running: bool
+    mem_alarm: bool = False
+    disk_free_alarm: bool = False
+    mem_used: int | None = None
+    mem_limit: int | None = None
+    disk_free: int | None = None
+    disk_free_limit: int | None = None
+
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> NodeView:
+        """From one row of ``/api/nodes``."""
+        return cls(
+            name=str(raw.get("name", "")),
+            running=bool(raw.get("running", False)),
+            mem_alarm=bool(raw.get("mem_alarm", False)),
+            disk_free_alarm=bool(raw.get("disk_free_alarm", False)),
+            mem_used=count(raw.get("mem_used")),
+            mem_limit=count(raw.get("mem_limit")),
+            disk_free=count(raw.get("disk_free")),
+            disk_free_limit=count(raw.get("disk_free_limit")),
+        )
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything `doctor` and `status` read from one vhost, fetched once."""
 
@@ -183,6 +212,8 @@ class Snapshot:
     vhost_stats: dict[str, Any] | None  # the vhost's message_stats; None when not kept
     rates_mode: str | None = None  # "none" when the broker keeps counts but no rates
     stats_disabled: bool = False  # management.disable_stats: no message stats at all
+    # The cluster's nodes (/api/nodes); None when the user may not read them (monitoring tag).
+    nodes: list[NodeView] | None = None
 
     @property
     def rates_kept(self) -> bool:
@@ -239,14 +270,18 @@ class Snapshot:
 
 
 async def read_snapshot(api: ManagementClient) -> Snapshot:
-    """Fetch the vhost's queues, exchanges, bindings, policies and stats (management API)."""
-    # Seven independent reads, in flight together.
+    """Fetch the vhost's queues, exchanges, bindings, policies and stats, and the cluster's
+    nodes (management API)."""
+    # Eight independent reads, in flight together.
     lists = asyncio.gather(
         api.policies(), api.operator_policies(), api.queues(), api.exchanges(), api.bindings()
     )
-    overview, info, (policies, operator, raw_queues, exchanges, bindings) = await asyncio.gather(
-        api.overview(), api.vhost_info(), lists
-    )
+    (
+        overview,
+        info,
+        nodes,
+        (policies, operator, raw_queues, exchanges, bindings),
+    ) = await asyncio.gather(api.overview(), api.vhost_info(), api.nodes(), lists)
     version = parse_version(str(overview.get("rabbitmq_version") or "0.0.0"))
     stats = info.get("message_stats")
     return Snapshot(
@@ -262,11 +297,13 @@ async def read_snapshot(api: ManagementClient) -> Snapshot:
         vhost_stats=stats if isinstance(stats, dict) else None,
         rates_mode=str(overview["rates_mode"]) if overview.get("rates_mode") else None,
         stats_disabled=bool(overview.get("disable_stats", False)),
+        nodes=None if nodes is None else [NodeView.of(row) for row in nodes],
     )
 
 
 __all__ = [
     "QUORUM_DEFAULT_DELIVERY_LIMIT_4X",
+    "NodeView",
     "QueueView",
     "Snapshot",
     "Version",

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import JustifyMethod
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from rmqkit.broker.management import management
@@ -53,7 +54,8 @@ def status(
     spec = load_topology(topology) if topology is not None else None
     if not watch:
         report = run_async(read_status_once(settings, topology=spec, parking_age=parking_age))
-        _warn(report)
+        table = not as_json and stdout.is_terminal
+        _warn(report, alarms=not table)  # the table shows alarms in its title
         if as_json:
             print_json(report.as_dict())
         elif stdout.is_terminal:
@@ -90,7 +92,7 @@ async def _watch(
                 check_broker=first,
             )
             if first:
-                _warn(report)
+                _warn(report, alarms=False)  # every reading carries them
             first = False
             return report
 
@@ -104,9 +106,17 @@ async def _watch(
                 await asyncio.sleep(every_s)
 
 
-def _warn(report: StatusReport) -> None:
+def _warn(report: StatusReport, *, alarms: bool = True) -> None:
     if report.broker_warning:
         stderr.print(f"warning: {report.broker_warning}", highlight=False)
+    if alarms:
+        for line in alarm_lines(report):
+            stderr.print(line, style="bold red", highlight=False)
+
+
+def alarm_lines(report: StatusReport) -> list[str]:
+    """One banner line per node and resource in alarm (publishers are blocked)."""
+    return [f"ALARM: {alarm.text}" for alarm in report.alarms or []]
 
 
 @dataclass(frozen=True)
@@ -219,6 +229,8 @@ def status_table(report: StatusReport, every_s: float | None = None) -> Table:
         title += f" — {report.source}"
     if every_s is not None:
         title += f" (every {every_s:g}s, Ctrl-C to stop)"
+    for line in alarm_lines(report):
+        title += f"\n[bold red]{escape(line)}[/bold red]"
     table = Table(title=title, title_justify="left")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("queue", "left"),

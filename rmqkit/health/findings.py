@@ -24,7 +24,7 @@ class Finding:
 
     check: str
     severity: Severity
-    kind: str  # queue | exchange | policy | operator-policy | vhost | binding
+    kind: str  # queue | exchange | policy | operator-policy | vhost | binding | node
     object: str
     evidence: str
     fix: str

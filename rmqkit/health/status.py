@@ -16,6 +16,7 @@ from typing import Any
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.snapshot import QueueView, Snapshot, number, read_snapshot
 from rmqkit.errors import RmqkitError
+from rmqkit.health.alarms import NodeAlarm, node_alarms
 from rmqkit.health.identity import broker_identity
 from rmqkit.health.roles import Role, classify
 from rmqkit.parking.model import ParkedFilter
@@ -124,12 +125,16 @@ class StatusReport:
     source: str | None = None  # the topology file, if one selected the queues
     # AMQP unreachable, or another cluster than the management API (see health.identity)
     broker_warning: str | None = None
+    # Memory/disk alarms of the cluster's nodes; None: /api/nodes not readable (monitoring tag)
+    alarms: list[NodeAlarm] | None = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``warning`` only when there is one)."""
+        """JSON-ready form (``warning`` only when there is one; ``alarms`` null when the
+        nodes could not be read)."""
         warning = {"warning": self.broker_warning} if self.broker_warning else {}
         return {
             **warning,
+            "alarms": None if self.alarms is None else [a.as_dict() for a in self.alarms],
             "vhost": self.vhost,
             "broker_version": ".".join(map(str, self.broker_version)),
             "taken_at": self.taken_at.isoformat(),
@@ -223,6 +228,7 @@ def build_status(
         groups=ordered,
         rates_kept=snapshot.rates_kept,
         source=topology.source if topology is not None else None,
+        alarms=None if snapshot.nodes is None else node_alarms(snapshot.nodes),
     )
 
 
@@ -240,15 +246,7 @@ async def _with_parking_ages(settings: Settings, report: StatusReport) -> Status
         rows.append(replace(row, oldest_age_s=stats.oldest_age_s, oldest_age_from="browse"))
     by_name = {r.name: r for r in rows}
     groups = [GroupStatus(g.work, [by_name[q.name] for q in g.queues]) for g in report.groups]
-    return StatusReport(
-        report.vhost,
-        report.broker_version,
-        report.taken_at,
-        rows,
-        groups,
-        report.rates_kept,
-        report.source,
-    )
+    return replace(report, queues=rows, groups=groups)
 
 
 async def read_status(

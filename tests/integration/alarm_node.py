@@ -85,11 +85,13 @@ class AlarmNode:
                         raise ClusterUnavailable(f"{LOCK_PATH} held for 300 s") from None
                     time.sleep(1)
             rabbitmqctl(self.name, "stop", check=False, timeout=30)  # a crashed run's leftover
-            busy = [
-                p
-                for p in (AMQP_PORT, AMQP_PORT + DIST_OFFSET, self.node.mgmt_port)
-                if not cluster._port_free(p)
-            ]
+            ports = (AMQP_PORT, AMQP_PORT + DIST_OFFSET, self.node.mgmt_port)
+
+            def busy_ports() -> list[int]:
+                return [port for port in ports if not cluster._port_free(port)]
+
+            poll(lambda: not busy_ports(), 15)  # a leftover just stopped frees them in seconds
+            busy = busy_ports()
             if busy:
                 raise ClusterUnavailable(f"ports in use by something else: {busy}")
             self.node.prepare()

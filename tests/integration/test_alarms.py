@@ -13,6 +13,7 @@ when that node cannot be started here.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -202,3 +203,56 @@ def test_publishes_blocked_by_an_alarm_are_confirmed_when_it_clears(node: AlarmN
     assert asyncio.run(scenario()) == 2
     assert any(line.startswith("broker unblocked publishing") for line in notices), notices
     assert _depth(node, queue) == 2
+
+
+def _cli(node: AlarmNode, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env.update(RMQKIT_URL=node.url, RMQKIT_MANAGEMENT_URL=node.management_url)
+    return subprocess.run(
+        [sys.executable, "-m", "rmqkit", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+
+
+def _alarm_findings(node: AlarmNode) -> tuple[int, list[dict[str, str]]]:
+    doctor = _cli(node, "doctor", "--json", "--growth-sample", "0")
+    report = json.loads(doctor.stdout)
+    findings = [f for f in report["findings"] if f["check"] == "broker-alarm"]
+    return doctor.returncode, findings
+
+
+def test_status_and_doctor_name_the_node_and_the_resource_in_alarm(node: AlarmNode) -> None:
+    with node.memory_alarm():
+        poll(lambda: "mem_alarm" in node.alarms(), 20)
+        piped = _cli(node, "status")
+        as_json = _cli(node, "status", "--json")
+        code, findings = _alarm_findings(node)
+    assert piped.returncode == 0, piped.stderr
+    banner = [line for line in piped.stderr.splitlines() if line.startswith("ALARM:")]
+    assert len(banner) == 1 and f"memory alarm on node {node.name}" in banner[0], piped.stderr
+    assert "blocks every publishing connection" in banner[0] and "used, limit" in banner[0]
+    (alarm,) = json.loads(as_json.stdout)["alarms"]
+    assert alarm["node"] == node.name and alarm["resource"] == "memory"
+    assert alarm["mem_used"] > alarm["mem_limit"] > 0
+    assert code == 2  # Nagios critical
+    (finding,) = findings
+    assert finding["severity"] == "critical" and finding["kind"] == "node"
+    assert finding["object"] == node.name and "memory alarm" in finding["evidence"]
+
+    with node.disk_alarm():
+        poll(lambda: "disk_free_alarm" in node.alarms(), 20)
+        code, findings = _alarm_findings(node)
+    assert code == 2
+    (finding,) = findings
+    assert finding["object"] == node.name and "disk alarm" in finding["evidence"]
+    assert "free, limit" in finding["evidence"] and "free disk on" in finding["fix"]
+
+    poll(lambda: not node.alarms(), 20)  # cleared: no finding, no banner
+    code, findings = _alarm_findings(node)
+    assert findings == [] and code in (0, 1)
+    assert "ALARM" not in _cli(node, "status").stderr

@@ -435,3 +435,39 @@ def test_doctors_topology_plan_uses_the_brokers_version() -> None:
     plan = topology_plan(snap, topology, "policy")
     parking = next(c for c in plan.changes if c.name == "orders.work.parking")
     assert parking.action == "conflict" and "delivery-limit would be 5" in parking.detail
+
+
+# --- the cluster's nodes: alarms --------------------------------------------------------------
+def _node(name: str, **raw: Any) -> dict[str, Any]:
+    return {"name": name, "running": True, "mem_used": 10**8, "mem_limit": 10**9, **raw}
+
+
+def test_broker_alarm_names_each_node_and_resource_and_is_skipped_without_nodes() -> None:
+    from rmqkit.broker.snapshot import NodeView
+    from rmqkit.health.checks import CheckSkipped
+
+    quiet = snapshot([])
+    with pytest.raises(CheckSkipped, match="monitoring tag"):
+        check(quiet, "broker-alarm")  # /api/nodes not readable: skipped, not passed
+    nodes = [
+        NodeView.of(_node("rabbit@a")),
+        NodeView.of(_node("rabbit@b", mem_alarm=True, mem_used=2 * 10**9, mem_limit=10**9)),
+        NodeView.of(
+            _node("rabbit@c", disk_free_alarm=True, disk_free=4 * 10**7, disk_free_limit=5 * 10**7)
+        ),
+    ]
+    found = check(replace(quiet, nodes=nodes), "broker-alarm")
+    assert [(f.severity, f.kind, f.object) for f in found] == [
+        ("critical", "node", "rabbit@b"),
+        ("critical", "node", "rabbit@c"),
+    ]
+    assert "memory alarm on node rabbit@b (2.0 GB used, limit 1.0 GB)" in found[0].evidence
+    assert "disk alarm on node rabbit@c (40.0 MB free, limit 50.0 MB)" in found[1].evidence
+    assert "-n rabbit@c alarms" in found[1].fix
+    assert check(replace(quiet, nodes=nodes[:1]), "broker-alarm") == []
+    report = build_status(replace(quiet, nodes=nodes)).as_dict()
+    assert [(a["node"], a["resource"]) for a in report["alarms"]] == [
+        ("rabbit@b", "memory"),
+        ("rabbit@c", "disk"),
+    ]
+    assert build_status(quiet).as_dict()["alarms"] is None  # unknown, not "none"

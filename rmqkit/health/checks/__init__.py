@@ -7,13 +7,15 @@ each check, why it matters and the fix.
 
 This package owns the checklist: ``CHECKS``, in the order doctor reports them, is the one
 registry. The checks live by what they look at: ``dead_letters`` (where rejected messages go),
-``lanes`` (parking and work queue bounds), ``traffic`` (messages at risk in flight) and
-``config`` (policies, timeouts, the topology file); ``common`` holds what they share.
+``lanes`` (parking and work queue bounds), ``traffic`` (messages at risk in flight),
+``config`` (policies, timeouts, the topology file) and ``cluster`` (the nodes: alarms);
+``common`` holds what they share.
 ``DEDUPE_CHECK`` (``dedupe``) runs only when doctor is given an idempotent-consumer store.
 """
 
 from __future__ import annotations
 
+from rmqkit.health.checks.cluster import broker_alarm
 from rmqkit.health.checks.config import (
     PER_QUEUE_CONSUMER_TIMEOUT_SINCE,
     classic_mirrored_policies,
@@ -35,6 +37,7 @@ from rmqkit.health.checks.traffic import (
 from rmqkit.health.findings import Check, CheckSkipped, DoctorInput, Finding
 
 CHECKS: tuple[Check, ...] = (
+    Check("broker-alarm", "memory or disk alarm on a node", broker_alarm),
     Check(
         "quorum-no-dead-letter",
         "quorum queue without a dead-letter target",
@@ -81,6 +84,7 @@ __all__ = [
     "DoctorInput",
     "Finding",
     "at_least_once_without_reject_publish",
+    "broker_alarm",
     "classic_mirrored_policies",
     "dead_letter_target_missing",
     "dedupe_window_short",
