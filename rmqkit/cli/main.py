@@ -214,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
 def usage_line(exc: ClickUsageError, argv: list[str]) -> str:
     """Click's usage error as rmqkit's one line, naming the help of the command it concerns."""
     where = exc.ctx.command_path if exc.ctx is not None else _command_path(argv)
-    return f"rmqkit: error: {_one_line(exc.format_message())} (see '{where} --help')"
+    # typer words a bad choice "Value error, 'x' is not one of …": the prefix says nothing.
+    what = _one_line(exc.format_message()).replace(": Value error, ", ": ")
+    return f"rmqkit: error: {what} (see '{where} --help')"
 
 
 def _command_path(argv: list[str]) -> str:

@@ -83,7 +83,10 @@ def test_click_usage_errors_name_the_help_of_their_command() -> None:
         "rmqkit: error: No such command 'stauts'. Did you mean 'status'? (see 'rmqkit --help')\n"
     )
     assert done["unknown option"].stderr.rstrip().endswith("(see 'rmqkit plan --help')")
-    assert "'--via'" in done["bad choice"].stderr
+    assert done["bad choice"].stderr == (
+        "rmqkit: error: Invalid value for '--via': 'nope' is not one of 'policy', 'arguments'. "
+        "(see 'rmqkit declare --help')\n"
+    )
     assert (
         done["option without its value"]
         .stderr.rstrip()
