@@ -162,7 +162,7 @@ def test_flags_beat_the_topology_and_warnings_are_collected() -> None:
     assert config.prefetch == 3000 and "X" in config.policy.permanent_errors
     assert any("consumer timeout" in w for w in config.warnings)
     assert any("2,000" in w for w in config.warnings)
-    bare = parse_topology('[queues.q]\nhandler_timeout = "5s"\n', "t.toml")
+    bare = parse_topology('[queues.q]\nhandler_timeout = "5s"\nretry_delays = []\n', "t.toml")
     config = build_config("m:f", "q", policy_from_topology(bare, "q", None), ConsumerFlags(), bare)
     assert config.handler_timeout_s == 5.0
     assert any("no retry tiers" in w for w in config.warnings)
