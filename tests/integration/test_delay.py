@@ -38,7 +38,7 @@ from rmqkit.settings import Settings, load_settings, with_vhost
 from tests import broker
 
 UNIT_MS = 10
-LATENCY_MS = 500  # allowance for the broker's hop latency and this process's own, see above
+LATENCY_MS = 1000  # allowance for the broker's hop latency and this process's own, see above
 EXCHANGE, WORK, KEY = "orders", "orders.work", "order.created"
 
 
@@ -188,8 +188,6 @@ async def _acceptance(settings: Settings, count: int, max_delay_ms: int) -> dict
         _check_trail(ladder, headers)
     errors.sort()
     low, high = errors[0], errors[-1]
-    assert low[0] >= 0, f"{low[1]} arrived {-low[0]:.1f} ms early"
-    assert high[0] < UNIT_MS + LATENCY_MS, f"{high[1]} arrived {high[0]:.0f} ms late"
     summary = {
         "min_ms": round(low[0], 1),
         "median_ms": round(statistics.median(e for e, _ in errors), 1),
@@ -197,6 +195,8 @@ async def _acceptance(settings: Settings, count: int, max_delay_ms: int) -> dict
         "max_ms": round(high[0], 1),
     }
     print(f"delay error over {count} messages: {summary}")
+    assert low[0] >= 0, f"{low[1]} arrived {-low[0]:.1f} ms early ({summary})"
+    assert high[0] < UNIT_MS + LATENCY_MS, f"{high[1]} arrived {high[0]:.0f} ms late ({summary})"
     return summary
 
 
@@ -234,35 +234,6 @@ def test_on_the_43_node_too() -> None:
         broker.run(_acceptance(settings, 300, 3000))
     finally:
         httpx.delete(vhost_path, auth=broker.AUTH, timeout=10)
-
-
-async def _stuck_without_exit(settings: Settings) -> tuple[int, int]:
-    """One due message per ladder type whose target has no exit binding yet; what the
-    broker keeps after it is due. Returns the messages still held (quorum, classic)."""
-    quorum = Ladder(prefix="noexit-q", unit_ms=UNIT_MS, bits=3)
-    classic = Ladder(prefix="noexit-c", unit_ms=UNIT_MS, bits=3, queue_type="classic")
-    async with session(settings) as s:
-        await _target(s)
-        for ladder in (quorum, classic):
-            await declare_ladder(s, ladder)  # no targets: nothing leaves
-            await _publish(s, ladder, {f"{ladder.prefix}-1": 30})
-        await asyncio.sleep(0.5)
-        assert (await s.queue_depth(WORK)).ready == 0
-
-    def held(ladder: Ladder) -> int:
-        stats = [broker.mgmt_queue(settings.vhost, n) or {} for n in ladder.queue_names]
-        return sum(c.waiting + c.stuck for c in ladder.delayed_in(stats).values())
-
-    kept = broker.wait_for(lambda: held(quorum), timeout_s=15)
-    stats = {n: broker.mgmt_queue(settings.vhost, n) or {} for n in quorum.queue_names}
-    assert quorum.delayed_in(stats.values())[quorum.queue_name(0)].stuck == 1
-    return kept, held(classic)
-
-
-def test_a_due_message_without_an_exit_waits_in_a_quorum_rung_and_a_classic_rung_drops_it(
-    vhost: str,
-) -> None:
-    assert broker.run(_stuck_without_exit(broker.settings_for(vhost))) == (1, 0)
 
 
 async def _redelay(settings: Settings, strip: bool) -> int:
@@ -317,30 +288,43 @@ def test_a_delivered_message_delayed_again_arrives_again(vhost: str) -> None:
     assert broker.run(_redelay(settings, strip=False)) == (1 if broker.version() < (4, 0) else 2)
 
 
-async def _status(settings: Settings) -> tuple[dict[str, int], Ladder]:
-    ladder = Ladder(prefix="status", unit_ms=UNIT_MS, bits=12)
+async def _status(settings: Settings) -> tuple[Ladder, Ladder, Ladder, dict[str, int]]:
+    """Three messages that wait 30 s; and one due message on each kind of ladder whose target
+    has no exit binding. Returns the ladders and the AMQP counts of the first right away."""
+    waiting = Ladder(prefix="status", unit_ms=UNIT_MS, bits=12)
+    quorum = Ladder(prefix="noexit-q", unit_ms=UNIT_MS, bits=3)
+    classic = Ladder(prefix="noexit-c", unit_ms=UNIT_MS, bits=3, queue_type="classic")
     async with session(settings) as s:
         await _target(s)
-        await declare_ladder(s, ladder, targets=[(EXCHANGE, "")])
-        await _publish(s, ladder, {f"s-{i}": 30_000 for i in range(3)})  # 3000 units: rung 11 first
-        counts = await delayed_counts(s, ladder)
-        # The same names with other arguments: refused, naming the rung, nothing changed.
+        await declare_ladder(s, waiting, targets=[(EXCHANGE, "")])
+        await _publish(s, waiting, {f"s-{i}": 30_000 for i in range(3)})  # 3000 units: rung 11
+        counts = await delayed_counts(s, waiting)
+        for ladder in (quorum, classic):
+            await declare_ladder(s, ladder)  # no targets: nothing can leave
+            await _publish(s, ladder, {f"{ladder.prefix}-1": 30})
+        # The same names with other arguments: refused, naming the rung.
         other = Ladder(prefix="status", unit_ms=UNIT_MS, bits=12, queue_type="classic")
         with pytest.raises(DataError, match=r"status\.10ms\.00-10ms"):
             await declare_ladder(s, other)
-        await declare_target(s, ladder, EXCHANGE)  # idempotent
-    return counts, ladder
+        await declare_target(s, waiting, EXCHANGE)  # idempotent
+        await asyncio.sleep(0.5)
+        assert (await s.queue_depth(WORK)).ready == 0
+    return waiting, quorum, classic, counts
 
 
-def test_status_counts_delayed_messages_per_rung(vhost: str) -> None:
-    settings = broker.settings_for(vhost)
-    counts, ladder = broker.run(_status(settings))
-    assert counts == {
-        name: 3 if name == ladder.queue_name(11) else 0 for name in ladder.queue_names
-    }
+def test_status_counts_waiting_and_stuck_messages_per_rung(vhost: str) -> None:
+    """What ``status`` shows: messages waiting per rung (AMQP at once, management API after its
+    lag), and a due message that cannot leave — kept by a quorum rung (at-least-once
+    dead-lettering retries the hop), dropped by a classic one (at-most-once)."""
+    waiting, quorum, classic, counts = broker.run(_status(broker.settings_for(vhost)))
+    assert counts == {n: 3 if n == waiting.queue_name(11) else 0 for n in waiting.queue_names}
 
-    def waiting() -> int:
+    def held(ladder: Ladder) -> tuple[int, int]:
         stats = [broker.mgmt_queue(vhost, n) or {} for n in ladder.queue_names]
-        return sum(c.waiting for c in ladder.delayed_in(stats).values())
+        counts = ladder.delayed_in(stats).values()
+        return sum(c.waiting for c in counts), sum(c.stuck for c in counts)
 
-    assert broker.wait_for(lambda: waiting() == 3, timeout_s=15)
+    assert broker.wait_for(lambda: held(waiting) == (3, 0) and held(quorum) == (0, 1), timeout_s=15)
+    stats = [broker.mgmt_queue(vhost, n) or {} for n in quorum.queue_names]
+    assert quorum.delayed_in(stats)[quorum.queue_name(0)].stuck == 1  # stuck in its last rung
+    assert held(classic) == (0, 0)
