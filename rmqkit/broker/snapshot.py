@@ -48,6 +48,12 @@ def rate(stats: dict[str, Any] | None, key: str) -> float | None:
     return number(details.get("rate")) if isinstance(details, dict) else None
 
 
+def _names(value: Any) -> list[str] | None:
+    if not isinstance(value, list):
+        return None
+    return sorted(str(item) for item in value)
+
+
 def policy_applies(policy: dict[str, Any], name: str, queue_type: str | None) -> bool:
     """Whether ``policy`` (a user or operator policy) matches queue ``name`` of ``queue_type``.
 
@@ -126,6 +132,22 @@ class QueueView:
         """Change of the message count per second (``messages_details.rate``)."""
         details = self.raw.get("messages_details")
         return number(details.get("rate")) if isinstance(details, dict) else None
+
+    @property
+    def leader(self) -> str | None:
+        """Quorum queues: the node of the current leader (None: not said, or none)."""
+        value = self.raw.get("leader")
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def members(self) -> list[str] | None:
+        """Quorum queues: the nodes holding a replica; None when the broker does not say."""
+        return _names(self.raw.get("members"))
+
+    @property
+    def online(self) -> list[str] | None:
+        """Quorum queues: the members that are up; None when the broker does not say."""
+        return _names(self.raw.get("online"))
 
     @property
     def dead_letter_exchange(self) -> str | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import typer
-from rich.console import JustifyMethod
+from rich.console import Group, JustifyMethod, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
@@ -55,7 +55,7 @@ def status(
     if not watch:
         report = run_async(read_status_once(settings, topology=spec, parking_age=parking_age))
         table = not as_json and stdout.is_terminal
-        _warn(report, alarms=not table)  # the table shows alarms in its title
+        _warn(report, alarms=not table)  # the table shows the banners in its title
         if as_json:
             print_json(report.as_dict())
         elif stdout.is_terminal:
@@ -92,7 +92,7 @@ async def _watch(
                 check_broker=first,
             )
             if first:
-                _warn(report, alarms=False)  # every reading carries them
+                _warn(report, alarms=False)  # every reading carries the banners
             first = False
             return report
 
@@ -110,13 +110,16 @@ def _warn(report: StatusReport, *, alarms: bool = True) -> None:
     if report.broker_warning:
         stderr.print(f"warning: {report.broker_warning}", highlight=False)
     if alarms:
-        for line in alarm_lines(report):
+        for line in banner_lines(report):
             stderr.print(line, style="bold red", highlight=False)
 
 
-def alarm_lines(report: StatusReport) -> list[str]:
-    """One banner line per node and resource in alarm (publishers are blocked)."""
-    return [f"ALARM: {alarm.text}" for alarm in report.alarms or []]
+def banner_lines(report: StatusReport) -> list[str]:
+    """One line per node and resource in alarm (publishers are blocked) and per quorum queue
+    without a majority of its members online (no leader: the queue stops)."""
+    lines = [f"ALARM: {alarm.text}" for alarm in report.alarms or []]
+    lines += [f"NO MAJORITY: {state.problem}" for state in report.without_majority]
+    return lines
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class _Row:
     messages: int | None
     oldest_age_s: float | None
     note: str
+    leader: str = ""  # quorum queues: the leader's node ("none" without one)
+    members: str = ""  # quorum queues: "3/3", "2/3 (offline: n)", "1/3 NO MAJORITY (…)"
 
 
 def _total(values: list[int | None]) -> int | None:
@@ -165,6 +170,7 @@ def display_rows(report: StatusReport) -> list[list[_Row]]:
                     _total([m.messages for m in members]),
                     None,
                     "; ".join(sorted({m.note for m in members if m.note})),
+                    *_quorum_cells(members),
                 )
             )
         tiers.clear()
@@ -191,12 +197,25 @@ def display_rows(report: StatusReport) -> list[list[_Row]]:
                 q.messages,
                 q.oldest_age_s,
                 q.note,
+                *_quorum_cells([q]),
             )
         )
     flush_tiers()
     if current:
         sections.append(current)
     return sections
+
+
+def _quorum_cells(queues: list[QueueStatus]) -> tuple[str, str]:
+    """Leader and members of quorum queues (a wait tier's slots: one leader if they agree,
+    the members of the worst-off slot)."""
+    states = [q.quorum for q in queues if q.quorum is not None]
+    if not states:
+        return "", ""
+    leaders = {state.leader or "none" for state in states}
+    worst = min(states, key=lambda s: (s.has_majority, len(s.members) - len(s.offline)))
+    members = worst.members_text.replace(" online", "", 1)
+    return (leaders.pop() if len(leaders) == 1 else "(several)"), members
 
 
 def _num(value: int | None) -> str:
@@ -222,14 +241,15 @@ def _cells(row: _Row, *, blank: str) -> tuple[str, ...]:
     )
 
 
-def status_table(report: StatusReport, every_s: float | None = None) -> Table:
-    """The status as a rich table, one section per work queue."""
+def status_table(report: StatusReport, every_s: float | None = None) -> RenderableType:
+    """The status as a rich table, one section per work queue; below it, when there are
+    quorum queues, their leaders and members (``quorum_table``)."""
     title = f"vhost {report.vhost!r} at {report.taken_at:%H:%M:%S}"
     if report.source:
         title += f" — {report.source}"
     if every_s is not None:
         title += f" (every {every_s:g}s, Ctrl-C to stop)"
-    for line in alarm_lines(report):
+    for line in banner_lines(report):
         title += f"\n[bold red]{escape(line)}[/bold red]"
     table = Table(title=title, title_justify="left")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
@@ -254,12 +274,32 @@ def status_table(report: StatusReport, every_s: float | None = None) -> Table:
             table.add_row(*_cells(row, blank=""))
     if not report.rates_kept:
         table.caption = "the broker keeps no message rates: in/s and out/s are unknown"
-    return table
+    quorum = quorum_table(report)
+    return table if quorum is None else Group(table, quorum)
+
+
+def quorum_table(report: StatusReport) -> Table | None:
+    """Quorum queues (a wait tier's slots as one row): leader node, members online, and the
+    offline ones; None when there are none (or the broker does not say)."""
+    table = Table(title="quorum queues", title_justify="left")
+    table.add_column("queue", no_wrap=True)
+    table.add_column("leader", overflow="fold")
+    table.add_column("online", justify="right")
+    table.add_column("offline", overflow="fold")
+    for section in display_rows(report):
+        for row in section:
+            if row.members:
+                online, _, rest = row.members.partition(" ")
+                offline = rest.split("offline: ", 1)[1].rstrip(")") if "offline: " in rest else ""
+                flag = " [bold red]NO MAJORITY[/bold red]" if "NO MAJORITY" in rest else ""
+                table.add_row(row.name, row.leader, online.rstrip(",") + flag, escape(offline))
+    return table if table.row_count else None
 
 
 def _print_lines(report: StatusReport) -> None:
     """Piped: one tab-separated line per row, never wrapped."""
-    print("queue\trole\tready\tunacked\tconsumers\tin/s\tout/s\toldest\tnote")
+    print("queue\trole\tready\tunacked\tconsumers\tin/s\tout/s\toldest\tnote\tleader\tmembers")
     for section in display_rows(report):
         for row in section:
-            print("\t".join(_cells(row, blank="-")))
+            quorum = (row.leader or "-", row.members or "-")
+            print("\t".join((*_cells(row, blank="-"), *quorum)))

@@ -18,6 +18,7 @@ from rmqkit.broker.snapshot import QueueView, Snapshot, number, read_snapshot
 from rmqkit.errors import RmqkitError
 from rmqkit.health.alarms import NodeAlarm, node_alarms
 from rmqkit.health.identity import broker_identity
+from rmqkit.health.quorum import QuorumState, quorum_state
 from rmqkit.health.roles import Role, classify
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import parking_stats
@@ -48,6 +49,7 @@ class QueueStatus:
     oldest_age_from: str | None = None  # "head timestamp" | "browse"
     note: str = ""
     delay_ms: int | None = None  # wait queues: the TTL in effect
+    quorum: QuorumState | None = None  # quorum queues: leader and members, when the broker says
 
     @property
     def tier(self) -> str | None:
@@ -73,6 +75,11 @@ class QueueStatus:
             "oldest_age_from": self.oldest_age_from,
             "delay_ms": self.delay_ms,
             "note": self.note,
+            **(
+                self.quorum.as_dict()
+                if self.quorum is not None
+                else dict.fromkeys(("leader", "members", "online", "offline", "majority"))
+            ),
         }
 
 
@@ -128,6 +135,11 @@ class StatusReport:
     # Memory/disk alarms of the cluster's nodes; None: /api/nodes not readable (monitoring tag)
     alarms: list[NodeAlarm] | None = field(default_factory=list)
 
+    @property
+    def without_majority(self) -> list[QuorumState]:
+        """Quorum queues with fewer members online than a majority: they cannot work."""
+        return [q.quorum for q in self.queues if q.quorum is not None and not q.quorum.has_majority]
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (``warning`` only when there is one; ``alarms`` null when the
         nodes could not be read)."""
@@ -135,6 +147,7 @@ class StatusReport:
         return {
             **warning,
             "alarms": None if self.alarms is None else [a.as_dict() for a in self.alarms],
+            "without_majority": [q.queue for q in self.without_majority],
             "vhost": self.vhost,
             "broker_version": ".".join(map(str, self.broker_version)),
             "taken_at": self.taken_at.isoformat(),
@@ -171,6 +184,7 @@ def queue_status(queue: QueueView, role: Role, owner: str, now: datetime) -> Que
         oldest_age_s=age,
         oldest_age_from="head timestamp" if age is not None else None,
         delay_ms=int(ttl) if role == "wait" and isinstance(ttl, int) else None,
+        quorum=quorum_state(queue),
     )
 
 

@@ -471,3 +471,74 @@ def test_broker_alarm_names_each_node_and_resource_and_is_skipped_without_nodes(
         ("rabbit@c", "disk"),
     ]
     assert build_status(quiet).as_dict()["alarms"] is None  # unknown, not "none"
+
+
+# --- quorum queues: leader and members -----------------------------------------------------------
+A, B, C = "rabbit@a", "rabbit@b", "rabbit@c"
+
+
+def _members(name: str, members: list[str], online: list[str], **raw: Any) -> dict[str, Any]:
+    leader = online[0] if len(online) > len(members) // 2 else None
+    return queue(name, members=members, online=online, leader=leader, **raw)
+
+
+def _three_nodes(snap: Snapshot) -> Snapshot:
+    from rmqkit.broker.snapshot import NodeView
+
+    return replace(snap, nodes=[NodeView.of(_node(n)) for n in (A, B, C)])
+
+
+def test_quorum_members_critical_without_a_majority_warning_with_a_member_down() -> None:
+    snap = _three_nodes(
+        snapshot(
+            [
+                _members("healthy", [A, B, C], [A, B, C]),
+                _members("one-down", [A, B, C], [A, C]),
+                _members("no-majority", [A, B, C], [C]),
+                _members("lonely", [A], [A]),
+                _members("meant-small", [A], [A], args={"x-quorum-initial-group-size": 1}),
+                queue("classic", "classic"),
+            ]
+        )
+    )
+    found = {(f.object, f.severity): f for f in check(snap, "quorum-members")}
+    assert sorted(found) == [
+        ("lonely", "warning"),
+        ("no-majority", "critical"),
+        ("one-down", "warning"),
+    ]
+    lost = found["no-majority", "critical"]
+    assert "1 of 3 members online (offline: rabbit@a, rabbit@b), a majority is 2" in lost.evidence
+    assert "do not delete" in lost.fix
+    assert "member(s) offline: rabbit@b" in found["one-down", "warning"].evidence
+    lonely = found["lonely", "warning"]
+    assert "members on 1 of the cluster's 3 nodes (rabbit@a), meant to have 3" in lonely.evidence
+    assert "add_member --vhost 'v' 'lonely' 'rabbit@b'" in lonely.fix
+    assert "'rabbit@c'" in lonely.fix
+    # status: per queue leader/members, and the queue without a majority flagged
+    report = build_status(snap)
+    rows = {q.name: q.as_dict() for q in report.queues}
+    assert rows["no-majority"]["majority"] is False and rows["no-majority"]["leader"] is None
+    assert rows["one-down"]["offline"] == [B] and rows["one-down"]["majority"] is True
+    assert rows["classic"]["members"] is None
+    assert report.as_dict()["without_majority"] == ["no-majority"]
+
+
+def test_quorum_members_without_nodes_or_members_data() -> None:
+    from rmqkit.health.checks import CheckSkipped
+
+    # /api/nodes unreadable: judged on members alone (no cluster size to compare with)
+    snap = snapshot([_members("lonely", [A], [A]), _members("no-majority", [A, B, C], [C])])
+    assert [f.object for f in check(snap, "quorum-members")] == ["no-majority"]
+    # a 5-node cluster: the default group size is 3, so 3 members are as meant
+    from rmqkit.broker.snapshot import NodeView
+
+    five = [NodeView.of(_node(f"rabbit@{n}")) for n in "abcde"]
+    assert (
+        check(
+            replace(snapshot([_members("q", [A, B, C], [A, B, C])]), nodes=five), "quorum-members"
+        )
+        == []
+    )
+    with pytest.raises(CheckSkipped):  # stats off: members not reported
+        check(snapshot([queue("q")]), "quorum-members")

@@ -8,14 +8,15 @@ each check, why it matters and the fix.
 This package owns the checklist: ``CHECKS``, in the order doctor reports them, is the one
 registry. The checks live by what they look at: ``dead_letters`` (where rejected messages go),
 ``lanes`` (parking and work queue bounds), ``traffic`` (messages at risk in flight),
-``config`` (policies, timeouts, the topology file) and ``cluster`` (the nodes: alarms);
+``config`` (policies, timeouts, the topology file) and ``cluster`` (the nodes: alarms, quorum
+queue members);
 ``common`` holds what they share.
 ``DEDUPE_CHECK`` (``dedupe``) runs only when doctor is given an idempotent-consumer store.
 """
 
 from __future__ import annotations
 
-from rmqkit.health.checks.cluster import broker_alarm
+from rmqkit.health.checks.cluster import broker_alarm, quorum_members
 from rmqkit.health.checks.config import (
     PER_QUEUE_CONSUMER_TIMEOUT_SINCE,
     classic_mirrored_policies,
@@ -38,6 +39,7 @@ from rmqkit.health.findings import Check, CheckSkipped, DoctorInput, Finding
 
 CHECKS: tuple[Check, ...] = (
     Check("broker-alarm", "memory or disk alarm on a node", broker_alarm),
+    Check("quorum-members", "quorum queue members offline or too few", quorum_members),
     Check(
         "quorum-no-dead-letter",
         "quorum queue without a dead-letter target",
@@ -91,6 +93,7 @@ __all__ = [
     "growing_without_consumers",
     "handler_timeout_above_consumer_timeout",
     "parking_limit_or_ttl",
+    "quorum_members",
     "quorum_without_dead_letter",
     "topology_out_of_sync",
     "transient_messages",
