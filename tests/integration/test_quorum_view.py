@@ -2,20 +2,25 @@
 node-loss runbook had no way to see them), against the real broker.
 
 On the test broker's single node every quorum queue has one member, that node, which leads; a
-classic queue has neither. Losing a majority (and members offline) needs a cluster: the pure
-cases are in tests/unit/test_doctor_checks.py over management API JSON as a 3-node cluster
-reports it.
+classic queue has neither. Members going offline and a lost majority need a cluster: the last
+test runs on the fault suite's 3-node cluster (tests/faults/cluster.py; the one `scripts/cluster
+start` left running, else its own, ~25 s to start), skipped with the reason only when no cluster
+can run here; the pure cases are in tests/unit/test_doctor_checks.py.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from tests import broker
+from tests.faults.cluster import Cluster, ClusterUnavailable, poll
 
 pytestmark = pytest.mark.broker
 
@@ -64,3 +69,82 @@ def test_status_and_doctor_show_the_leader_and_members_of_quorum_queues(
     (check,) = [c for c in report["checks"] if c["id"] == "quorum-members"]
     assert check["status"] == "ok", report  # one node, one member: as meant
     assert not [f for f in report["findings"] if f["check"] == "quorum-members"]
+
+
+# --- a 3-node cluster: members offline, majority lost ------------------------------------------
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    attached = Cluster.attach()
+    if attached is not None:
+        yield attached  # started by scripts/cluster start: left running
+        return
+    instance = Cluster()
+    try:
+        try:
+            instance.start(lock_timeout_s=300)
+        except ClusterUnavailable as exc:
+            pytest.skip(f"3-node cluster unavailable: {exc}")
+        yield instance
+    finally:
+        instance.stop()
+
+
+def _on_cluster(cluster: Cluster, vhost: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env.update(RMQKIT_URL=cluster.urls(vhost), RMQKIT_MANAGEMENT_URL=cluster.nodes["rmqa"].mgmt)
+    return subprocess.run(
+        [sys.executable, "-m", "rmqkit", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def _row(cluster: Cluster, vhost: str) -> dict[str, Any]:
+    result = _on_cluster(cluster, vhost, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = [r for r in json.loads(result.stdout)["queues"] if r["name"] == "qq"]
+    return dict(row)
+
+
+def _quorum_findings(cluster: Cluster, vhost: str) -> list[dict[str, str]]:
+    doctor = _on_cluster(cluster, vhost, "doctor", "--json", "--growth-sample", "0")
+    findings = json.loads(doctor.stdout)["findings"]
+    return [f for f in findings if f["check"] == "quorum-members"]
+
+
+def test_members_offline_and_a_lost_majority_on_a_three_node_cluster(cluster: Cluster) -> None:
+    vhost = cluster.create_vhost("quorum-view")
+    nodes = sorted(node.name for node in cluster.nodes.values())
+    a, b, c = nodes
+    stopped: list[str] = []
+    try:
+        body = {"durable": True, "arguments": {"x-queue-type": "quorum"}}
+        cluster.api("PUT", f"/queues/{broker.q(vhost)}/qq", json=body).raise_for_status()
+        row = poll(lambda: (r := _row(cluster, vhost))["members"] == nodes and r, 30, 0.5)
+        assert row and row["online"] == nodes and row["leader"] in nodes, row
+        assert _quorum_findings(cluster, vhost) == []
+
+        cluster.stop_app("rmqc")  # one member down: the queue works, with less to spare
+        stopped.append("rmqc")
+        row = poll(lambda: (r := _row(cluster, vhost))["offline"] == [c] and r, 30, 0.5)
+        assert row and row["majority"] is True and row["leader"] in (a, b), row
+        (finding,) = _quorum_findings(cluster, vhost)
+        assert finding["severity"] == "warning" and f"member(s) offline: {c}" in finding["evidence"]
+
+        cluster.stop_app("rmqb")  # two of three down: no majority, no leader
+        stopped.append("rmqb")
+        row = poll(lambda: (r := _row(cluster, vhost))["majority"] is False and r, 30, 0.5)
+        assert row and row["offline"] == [b, c], row
+        status = _on_cluster(cluster, vhost, "status")
+        assert "NO MAJORITY: quorum queue qq has 1 of 3 members online" in status.stderr
+        line = next(x for x in status.stdout.splitlines() if x.startswith("qq\t"))
+        assert line.endswith(f"1/3, NO MAJORITY (offline: {b}, {c})"), line
+        (finding,) = _quorum_findings(cluster, vhost)
+        assert finding["severity"] == "critical" and "a majority is 2" in finding["evidence"]
+    finally:
+        for short in reversed(stopped):
+            cluster.start_app(short)
+        cluster.delete_vhost(vhost)
