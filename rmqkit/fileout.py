@@ -40,7 +40,7 @@ class OutputMode(StrEnum):
 
 
 def output_mode(*, force: bool, append: bool) -> OutputMode:
-    """The mode for a command's ``--force`` / ``--append`` flags (both at once: exit 2)."""
+    """The mode for a command's ``--force`` / ``--append`` flags (both at once: exit 64)."""
     if force and append:
         raise UsageError("give --force (replace the file) or --append (add to it), not both")
     return OutputMode.FORCE if force else OutputMode.APPEND if append else OutputMode.CREATE

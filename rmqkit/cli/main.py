@@ -86,6 +86,7 @@ class Commands(LazyGroup):
         LazyCommand("parking", "rmqkit.cli.parking", "app", group=True),
         LazyCommand("outbox", "rmqkit.cli.outbox", "app", group=True),
         LazyCommand("dedupe", "rmqkit.cli.dedupe", "app", group=True),
+        LazyCommand("keys", "rmqkit.cli.keys", "app", group=True),
         LazyCommand("completion", "rmqkit.cli.completion", "completion"),
     )
 

@@ -29,7 +29,7 @@ def _fsync_dir(directory: Path) -> None:
 
 def write_keyring(path: Path, ring: KeyRing, *, replace: bool) -> None:
     """Write ``ring`` to ``path`` with mode 0600, atomically; without ``replace`` an existing
-    file is refused (UsageError, exit 2). Write errors become OutputError (exit 74)."""
+    file is refused (UsageError, exit 64). Write errors become OutputError (exit 74)."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():

@@ -31,6 +31,7 @@ RANK = {
     # field-level encryption (issue 16): a pure library that publish, outbox, consumer and
     # parking call; it needs neither the broker nor a store
     "crypto": 1,
+    "delay": 2,  # rmqkit.delay: the delay ladder, declared and counted through broker.session
 }
 CLIENT = ("aiormq", "pamqp")
 
