@@ -286,7 +286,7 @@ class Ladder:
     def route(self, headers: Mapping[str, Any]) -> list[str]:
         """The rungs a message with these headers visits, in order (what the bindings do,
         computed: for tests and ``rmqkit status`` explanations)."""
-        units = sum(1 << b for b in range(self.bits) if str(headers.get(_bit(b))) == "1")
+        units = sum(1 << b for b in range(self.bits) if _text(headers.get(_bit(b))) == "1")
         return [self.queue_name(b) for b in reversed(range(self.bits)) if units >> b & 1]
 
     # --- status -------------------------------------------------------------------------------
@@ -335,15 +335,21 @@ def delivered_route(
     if headers and TOP in headers and _STAGE_EXCHANGE.search(exchange):
         target = headers.get(EXCHANGE)
         key = headers.get(ROUTING_KEY)
-        if isinstance(target, str | bytes | bytearray):
-            exchange = target if isinstance(target, str) else bytes(target).decode()
-            if isinstance(key, str | bytes | bytearray):
-                routing_key = key if isinstance(key, str) else bytes(key).decode()
+        if (text := _text(target)) is not None:
+            exchange = text
+            routing_key = _text(key) or routing_key
     return exchange, routing_key
 
 
 def _bit(bit: int) -> str:
     return f"{BIT_PREFIX}{bit:02d}"
+
+
+def _text(value: object) -> str | None:
+    # Typed decoding or another client may hand a header back as bytes.
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", errors="replace")
+    return value if isinstance(value, str) else None
 
 
 def _count(value: object) -> int:

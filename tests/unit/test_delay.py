@@ -68,6 +68,8 @@ def test_every_delay_of_an_8_rung_ladder_waits_exactly_its_units_once_per_set_bi
         assert waited == units * 10 == plan.applied_ms
         expected = [ladder.queue_name(b) for b in reversed(range(8)) if units >> b & 1]
         assert visited == expected == ladder.route(plan.headers)
+        as_bytes = {k: v.encode() if isinstance(v, str) else v for k, v in plan.headers.items()}
+        assert ladder.route(as_bytes) == expected
         assert plan.hops == len(visited) == bin(units).count("1")
 
 
