@@ -200,6 +200,11 @@ def test_exits_into_an_exchange_or_a_queue_of_the_default_exchange() -> None:
 
 def test_ladder_sizes_and_limits() -> None:
     default = Ladder()
+    # docs/delay.md, Costs: bits queues, bits + 2 exchanges, bits + bits(bits+1)/2 bindings,
+    # plus one per distinct target.
+    objects = default.objects([("a", ""), ("a", "other key"), ("", "q")])
+    assert (len(objects.queues), len(objects.exchanges), len(objects.bindings)) == (20, 22, 232)
+    assert default.queue_name(19) == "rmqkit.delay.100ms.19-52428800ms"
     assert (default.unit_ms, default.bits, default.max_delay_ms) == (100, 20, 104_857_500)
     assert Ladder.for_max_delay(600_000, unit_ms=1000).bits == 10  # 10 min in seconds: 1023 s
     assert Ladder.for_max_delay(600_000, unit_ms=1000).max_delay_ms == 1_023_000
