@@ -178,9 +178,9 @@ def test_the_handler_traceback_is_logged_once_per_message(
     ledger = tmp_path / "ledger.db"
     consumer = ConsumerProcess(jobs_vhost, ledger)
     consumers.append(consumer)
-    assert wait_until(
-        lambda: broker.depths(jobs_vhost, [PARKING])[PARKING] == 2, timeout_s=40
-    ), consumer.output()
+    assert wait_until(lambda: broker.depths(jobs_vhost, [PARKING])[PARKING] == 2, timeout_s=40), (
+        consumer.output()
+    )
     assert wait_until(lambda: flaky in effects(ledger), timeout_s=10)
     assert consumer.stop() == 0, consumer.output()
     records = _records(consumer.output())

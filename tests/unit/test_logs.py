@@ -185,7 +185,7 @@ def test_message_extra() -> None:
 
 def test_a_formatted_traceback_follows_the_line_in_text_and_is_exc_in_json() -> None:
     """The handler's traceback, already formatted (the copy sender logs it once per message)."""
-    trace = 'Traceback (most recent call last):\n  File "h.py", line 1\nKeyError: \'x\'\n'
+    trace = "Traceback (most recent call last):\n  File \"h.py\", line 1\nKeyError: 'x'\n"
     for fmt in ("text", "json"):
         out = io.StringIO()
         configure_logging(fmt, stream=out)  # type: ignore[arg-type]
