@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from rmqkit.broker.session import CONNECTION_ERRORS, Channel, Outcome, Session, 
 from rmqkit.errors import BrokerUnavailable, DataError
 from rmqkit.outbox.write import headers_problem, wire_problem
 from rmqkit.settings import Settings
+
+log = logging.getLogger("rmqkit.outbox")
 
 EXCHANGE_CACHE_S: Final = 5.0
 PERSISTENT: Final = 2
@@ -76,12 +79,24 @@ class Broker:
         self._channel: Channel | None = None
         self._exchanges: dict[str, tuple[bool, float]] = {}
         self._broken = False  # a LOST error seen: the session may not know it is closed yet
+        self._blocks: contextlib.AsyncExitStack | None = None
 
     async def open(self) -> None:
-        """Connect (BrokerUnavailable 69 / AccessRefused 77 if it cannot) and open the channel."""
+        """Connect (BrokerUnavailable 69 / AccessRefused 77 if it cannot) and open the channel.
+
+        A broker that blocks publishing (memory or disk alarm) is logged at once with its
+        reason, every 10 s while it lasts, and when it ends: a relay that waits on confirms
+        would otherwise look hung (issue 14).
+        """
         self._session = await open_session(self._settings, name=self._name)
         self._channel = await self._session.channel(confirms=True, window=self._window)
         self._broken = False
+        self._blocks = contextlib.AsyncExitStack()
+        await self._blocks.enter_async_context(
+            self._session.reporting_blocks(
+                lambda line: log.warning("outbox relay: %s", line), every_s=10.0
+            )
+        )
 
     @property
     def lost(self) -> bool:
@@ -91,6 +106,10 @@ class Broker:
     async def close(self) -> None:
         """Close channel and connection; never raises."""
         session, self._session, self._channel = self._session, None, None
+        blocks, self._blocks = self._blocks, None
+        if blocks is not None:
+            with contextlib.suppress(Exception):  # a watch on a dead connection: nothing to stop
+                await blocks.aclose()
         if session is not None:
             with contextlib.suppress(Exception):  # already gone: nothing left to release
                 await session.close()

@@ -256,3 +256,46 @@ def test_status_and_doctor_name_the_node_and_the_resource_in_alarm(node: AlarmNo
     code, findings = _alarm_findings(node)
     assert findings == [] and code in (0, 1)
     assert "ALARM" not in _cli(node, "status").stderr
+
+
+def test_an_outbox_relay_blocked_by_an_alarm_logs_why_and_publishes_once_it_clears(
+    node: AlarmNode, tmp_path: Path
+) -> None:
+    """The relay waits on confirms while the broker blocks it: it says so with the broker's
+    reason instead of looking hung, and every row is published once the alarm clears."""
+    import sqlite3
+
+    import rmqkit.outbox
+
+    queue = _queue(node)
+    dsn = f"sqlite:///{tmp_path}/app.db"
+    rmqkit.outbox.init(dsn)
+    conn = sqlite3.connect(tmp_path / "app.db")
+    ids = [rmqkit.outbox.add(conn, exchange="", routing_key=queue, body={"n": n}) for n in range(5)]
+    conn.commit()
+    conn.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env.update(RMQKIT_URL=node.url, RMQKIT_MANAGEMENT_URL=node.management_url)
+    with node.memory_alarm():
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "rmqkit", "outbox", "relay", "--dsn", dsn, "--once"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert relay.stderr is not None
+        try:
+            line = relay.stderr.readline()  # blocks until the relay writes its first line
+            assert "outbox relay: broker blocks publishing" in line, line
+            assert "low on memory" in line, line
+            assert relay.poll() is None  # still waiting, nothing given up
+            assert _depth(node, queue) == 0
+        except BaseException:
+            relay.kill()
+            raise
+    out, err = relay.communicate(timeout=60)
+    assert relay.returncode == 0, err
+    assert "published 5" in out
+    assert sorted(mid for mid, _ in _drain(node, queue)) == sorted(ids)
