@@ -30,13 +30,14 @@ from rmqkit.errors import (
 
 if TYPE_CHECKING:
     from rmqkit import outbox
-    from rmqkit.consumer.message import Message, Permanent, Retry
+    from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
     from rmqkit.idempotency.record import Transaction
     from rmqkit.settings import Settings, load_settings
 
 # public name -> (module, attribute); attribute None: the module itself
 _LAZY: dict[str, tuple[str, str | None]] = {
     "outbox": ("rmqkit.outbox", None),  # rmqkit.outbox.add(conn, ...): the transactional outbox
+    "DecodeError": ("rmqkit.consumer.message", "DecodeError"),
     "Message": ("rmqkit.consumer.message", "Message"),
     "Permanent": ("rmqkit.consumer.message", "Permanent"),
     "Retry": ("rmqkit.consumer.message", "Retry"),
@@ -68,6 +69,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "DatabaseUnavailable",
+    "DecodeError",
     "ExitCode",
     "Message",
     "OutputError",

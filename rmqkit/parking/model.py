@@ -287,6 +287,9 @@ def error_type_matches(pattern: str, error_type: str | None) -> bool:
     also matches the class name alone (``MailboxFull`` finds ``shipping.errors.MailboxFull``):
     handlers' errors are stored by their full path, operators name them as they read them."""
     stored = error_type or ""
+    # Stored names are public ones (rmqkit.Permanent); a pattern written with the old module
+    # path (rmqkit.consumer.message.Permanent) still finds them.
+    pattern = h.public_type_name(pattern)
     if fnmatch.fnmatchcase(stored, pattern):
         return True
     return "." not in pattern and fnmatch.fnmatchcase(stored.rsplit(".", 1)[-1], pattern)

@@ -99,6 +99,16 @@ AUDITED: dict[tuple[str, str], str] = {
     ("broker/confirms.py", "outcome.set_result(Outcome.NACKED)"): "a publish's outcome",
     ("broker/confirms.py", "outcome.set_result(Outcome.CONFIRMED)"): "a publish's outcome",
     ("broker/confirms.py", "pending.outcome.set_result(Outcome.RETURNED)"): "a publish's outcome",
+    # --- conflation (consume --conflate-key-header, issue 15) ----------------------------------
+    ("consumer/conflation.py", "state.waiting.set_result(False)  # replaced by this newer one"): (
+        "the superseded message is acked unhandled, by design: a newer message with the same key "
+        "is already held by this consumer and is handled next (test_conflation: the newest of "
+        "every key is always handled, every message acked, nothing parked)"
+    ),
+    (
+        "consumer/conflation.py",
+        "waiting.set_result(True)  # still the key's turn: the waiting one runs next",
+    ): "hands the key's turn to the waiting message; settles nothing",
 }
 
 

@@ -789,7 +789,7 @@ def test_truncation() -> None:
 def test_header_names() -> None:
     assert all(name.startswith(h.PREFIX) for name in h.ALL_HEADERS)
     assert not any(name.startswith("x-") for name in h.ALL_HEADERS)
-    assert len(h.ALL_HEADERS) == 16
+    assert len(h.ALL_HEADERS) == 17
     assert {reason.value for reason in h.ParkingReason} >= {
         "permanent",
         "exhausted",

@@ -47,7 +47,7 @@ def _decide(exc: Exception, *, permanent: bool = False) -> Park | Retry:
         ("rmqkit.consumer.message.Message", "rmqkit.Message"),
         ("rmqkit.errors.ConfigError", "rmqkit.ConfigError"),
         # not exported at top level: stays as it is
-        ("rmqkit.consumer.message.DecodeError", "rmqkit.consumer.message.DecodeError"),
+        ("rmqkit.consumer.message.DecodeError", "rmqkit.DecodeError"),
         ("shipping.errors.MailboxFull", "shipping.errors.MailboxFull"),
         ("ValueError", "ValueError"),
         ("rmqkit.Permanent", "rmqkit.Permanent"),  # idempotent
@@ -119,3 +119,13 @@ def test_undecodable_type_goes_through_the_same_mapping() -> None:
         pid=1,
     )
     assert decision.headers[h.ERROR_TYPE] == "rmqkit.Permanent"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["rmqkit.consumer.message.Permanent", "rmqkit.Permanent", "Permanent", "rmqkit.*"],
+)
+def test_a_filter_written_with_the_old_module_path_still_finds_public_names(pattern: str) -> None:
+    from rmqkit.parking.model import error_type_matches
+
+    assert error_type_matches(pattern, "rmqkit.Permanent")  # views map old stored names first
