@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MAY_OVERLAP = frozenset(
     f"tests.integration.test_{name}"
     for name in [
+        "alarms",  # on a node of its own (tests/integration/alarm_node.py), under its own lock
         "broker_versions",
         "browse",
+        "cli_conventions",
         "codec_roundtrip",
         "confirms",
         "conflicts_and_errors",
