@@ -27,12 +27,9 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import Any
 
-# aiormq's wording (aiormq/connection.py, 7.2.x): the record's msg, args (connection, reason).
-AIORMQ_LOGGER: Final = "aiormq.connection"
-BLOCKED_NOTICE: Final = "Connection %r was blocked by: %r"
-UNBLOCKED_NOTICE: Final = "Connection %r was unblocked"
+from rmqkit.broker.internals import AIORMQ_LOGGER, BLOCKED_NOTICE, UNBLOCKED_NOTICE
 
 Say = Callable[[str], None]
 

@@ -35,6 +35,14 @@ from pamqp.header import ContentHeader
 
 from rmqkit.errors import UnsupportedDependency
 
+# aiormq reports connection.blocked / unblocked only as a warning on its connection logger
+# (no callback): rmqkit.broker.blocking reads these records. The record's msg and args
+# (connection, reason) as aiormq 7.2.x words them; a different wording falls back to the
+# connection's ready() gate, without the reason.
+AIORMQ_LOGGER: Final = "aiormq.connection"
+BLOCKED_NOTICE: Final = "Connection %r was blocked by: %r"
+UNBLOCKED_NOTICE: Final = "Connection %r was unblocked"
+
 SUPPORTED: Final = {
     "aio-pika": ">=10.0.0,<11",
     "aiormq": ">=7.2.1,<7.3",
@@ -226,7 +234,10 @@ def header_hook_problems(expected_slots: list[str], flags: dict[str, int]) -> li
 
 
 __all__ = [
+    "AIORMQ_LOGGER",
+    "BLOCKED_NOTICE",
     "SUPPORTED",
+    "UNBLOCKED_NOTICE",
     "ReturnHook",
     "close_probe_channel",
     "header_decoder",
