@@ -337,6 +337,48 @@ def test_plan_never_calls_another_files_work_queue_an_orphan(
     assert broker.depths(vhost, ["orders.wait.list"]) == {"orders.wait.list": 1}
 
 
+@pytest.fixture
+def lane(fresh_vhost: Any) -> str:
+    """A vhost with the orders topology and 6 messages parked."""
+    vhost = _orders_vhost(fresh_vhost)
+    _park(vhost, 6)
+    return vhost
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 11: replay --to-exchange with a typo: the dry run approves it (exit 0), the "
+    "run exits 3 'failed: ChannelNotFoundEntity' on part of the selection, never naming it",
+)
+def test_replay_to_a_mistyped_exchange_is_refused_up_front(lane: str) -> None:
+    """Runbook replay-after-fix step 1 is a dry run, to catch exactly this. Seen: `--dry-run`
+    prints "would replay 6 of 6 selected" → exchange ordrs, exit 0; the real run prints
+    "replayed 0 of N selected ... N x publish failed: ChannelNotFoundEntity" with N below the
+    lane's count (the browse stops when the channel dies), exit 3 ("partial success"), and
+    'ordrs' appears nowhere. Expected: exit 65 naming the missing exchange, for both."""
+    dry = broker.cli(
+        "parking", "replay", PARKING, "--to-exchange", "ordrs", "--dry-run", vhost=lane
+    )
+    run = broker.cli("parking", "replay", PARKING, "--to-exchange", "ordrs", vhost=lane)
+    assert _depth(lane) == 6  # nothing lost (held)
+    for result in (dry, run):
+        assert result.returncode == 65, (result.returncode, result.stdout[-300:], result.stderr)
+        assert "ordrs" in result.stderr, result.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 12: parking stats --max-count -1 is accepted: a check that is always CRITICAL",
+)
+def test_a_negative_threshold_is_a_usage_error(lane: str) -> None:
+    """--limit 0/-1 and --rate 0 are usage errors (64); --max-age -5m is too; --max-count -1
+    (a sign typo in a monitoring config) is taken and pages forever: "PARKING CRITICAL: 6
+    parked > -1", exit 2."""
+    result = broker.cli("parking", "stats", PARKING, "--max-count", "-1", vhost=lane)
+    assert result.returncode == 64, result.stdout[:200]
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 # --- held: coverage no other module has ---
 
 
