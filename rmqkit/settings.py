@@ -69,6 +69,17 @@ class Settings(BaseSettings):
     key_file: Path | None = None
     tls_verify: bool = True
     connect_timeout_s: float = 5.0
+    # The key ring of field-level encryption (docs/encryption.md): a file path or the JSON
+    # itself (from a secret manager). Loaded by ``rmqkit.cli.keyring_settings.keyring_of``
+    # (settings sit below every layer and cannot import rmqkit.crypto); never printed.
+    keyring_file: Path | None = None
+    keyring: SecretStr | None = None
+
+    @field_validator("keyring_file", "keyring", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # RMQKIT_KEYRING_FILE= (empty) would be Path("."): unset, as keyring_from_env reads it
+        return None if value == "" else value
 
     @field_validator("url")
     @classmethod
@@ -161,7 +172,16 @@ class Settings(BaseSettings):
             "key_file": str(self.key_file) if self.key_file else None,
             "tls_verify": self.tls_verify,
             "connect_timeout_s": self.connect_timeout_s,
+            "keyring_file": str(self.keyring_file) if self.keyring_file else None,
+            # the inline key ring holds the key material: only whether it is set
+            "keyring": "***" if self.keyring is not None else None,
         }
+
+    def keyring_sources(self) -> tuple[str | None, str | None]:
+        """``(file, inline JSON)`` of the key ring, for ``rmqkit.crypto.load_keyring`` only:
+        the inline text holds key material and must go nowhere else."""
+        inline = self.keyring.get_secret_value() if self.keyring is not None else None
+        return (str(self.keyring_file) if self.keyring_file else None, inline or None)
 
 
 def load_settings(**overrides: Any) -> Settings:

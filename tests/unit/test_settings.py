@@ -1,16 +1,29 @@
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from rmqkit.crypto import generate, rotate
 from rmqkit.errors import ConfigError, ExitCode
 from rmqkit.settings import load_settings, mask_url, vhost_of, with_vhost
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("RMQKIT_URL", "RMQKIT_MANAGEMENT_URL", "RMQKIT_CONNECT_TIMEOUT_S"):
+    for name in (
+        "RMQKIT_URL",
+        "RMQKIT_MANAGEMENT_URL",
+        "RMQKIT_CONNECT_TIMEOUT_S",
+        "RMQKIT_KEYRING_FILE",
+        "RMQKIT_KEYRING",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
 
@@ -80,3 +93,76 @@ def test_masking_never_shows_the_password() -> None:
 def test_vhost_helpers() -> None:
     assert vhost_of("amqp://h") == "/" and vhost_of("amqp://h/%2F") == "/"
     assert vhost_of(with_vhost("amqp://u:p@h:1/", "a/b")) == "a/b"
+
+
+# --- the key ring settings (issue 16) ----------------------------------------------------------
+def _materials(text: str) -> list[str]:
+    data = json.loads(text)
+    return [k["key"] for k in data["keys"]] + [data["index_key"]["key"]]
+
+
+def _rmqkit_config(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m rmqkit config ARGS` in ``tmp_path`` (its .env) with only ``env``'s RMQKIT_*."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "rmqkit", "config", *args],
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": str(ROOT), **env},
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_keyring_settings_from_env_and_dotenv(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = load_settings()
+    assert settings.keyring_file is None and settings.keyring is None
+    assert settings.keyring_sources() == (None, None)
+    (tmp_path / ".env").write_text("RMQKIT_KEYRING_FILE=/etc/rmqkit/ring.json\n")
+    assert load_settings().keyring_file == Path("/etc/rmqkit/ring.json")
+    monkeypatch.setenv("RMQKIT_KEYRING", '{"inline": "SECRETMATERIAL"}')
+    settings = load_settings()
+    assert settings.keyring_sources() == ("/etc/rmqkit/ring.json", '{"inline": "SECRETMATERIAL"}')
+    shown = str(settings.masked()) + repr(settings) + str(settings)
+    assert "SECRETMATERIAL" not in shown
+    assert settings.masked()["keyring"] == "***"
+    monkeypatch.setenv("RMQKIT_KEYRING_FILE", "")  # empty: unset, not Path(".")
+    assert load_settings().keyring_file is None
+
+
+def test_config_shows_key_ids_never_material(tmp_path: Path) -> None:
+    ring = generate(tmp_path / "ring.json")
+    ring = rotate(tmp_path / "ring.json")[0]
+    text = (tmp_path / "ring.json").read_text()
+    secrets = _materials(text)
+    assert len(ring.key_ids) == 2
+    # from a file named in .env
+    (tmp_path / ".env").write_text(f"RMQKIT_KEYRING_FILE={tmp_path / 'ring.json'}\n")
+    shown = _rmqkit_config(tmp_path, "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert data["keyring_keys"]["current"] == ring.current_id
+    assert [k["id"] for k in data["keyring_keys"]["keys"]] == ring.key_ids
+    assert [k["current"] for k in data["keyring_keys"]["keys"]] == [False, True]
+    assert data["keyring_file"] == str(tmp_path / "ring.json") and data["keyring"] is None
+    # inline, in the environment (the .env file gone): the JSON is never echoed
+    (tmp_path / ".env").unlink()
+    plain = _rmqkit_config(tmp_path, RMQKIT_KEYRING=text)
+    assert plain.returncode == 0, plain.stderr
+    assert f"{ring.current_id} (current)" in plain.stdout
+    assert ring.key_ids[0] in plain.stdout and ring.index_key.id in plain.stdout
+    as_json = _rmqkit_config(tmp_path, "--json", RMQKIT_KEYRING=text)
+    everything = shown.stdout + shown.stderr + plain.stdout + plain.stderr + as_json.stdout
+    for secret in secrets:
+        assert secret not in everything
+    assert '"format"' not in plain.stdout and json.loads(as_json.stdout)["keyring"] == "***"
+    # both at once: a configuration error, one line, exit 78
+    both = _rmqkit_config(
+        tmp_path, RMQKIT_KEYRING=text, RMQKIT_KEYRING_FILE=str(tmp_path / "ring.json")
+    )
+    assert both.returncode == 78 and len(both.stderr.strip().splitlines()) == 1
+    for secret in secrets:
+        assert secret not in both.stderr
