@@ -32,10 +32,10 @@ def config(
     if ring is None:
         stdout.print("[bold]keyring_keys[/bold] = None", highlight=False)
         return
-    for key in ring.keys:
-        role = " (current)" if key.id == ring.current_id else ""
+    for ring_key in ring.keys:
+        role = " (current)" if ring_key.id == ring.current_id else ""
         stdout.print(
-            f"[bold]keyring_key[/bold] = {key.id}{role} created {key.created}", highlight=False
+            f"[bold]keyring_key[/bold] = {ring_key.id}{role} created {ring_key.created}", highlight=False
         )
     index = ring.index_key
     stdout.print(
