@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    model_validator,
+)
 
+from rmqkit.delay.ladder import DEFAULT_BITS, DEFAULT_UNIT_MS
 from rmqkit.durations import format_duration_ms, parse_duration_ms
 from rmqkit.errors import TopologyFileError
+from rmqkit.topology import flow
 
 BUILTIN_EXCHANGE_PREFIX = "amq."
 
@@ -90,6 +101,36 @@ class BindModel(_Strict):
 DEFAULT_RETRY_DELAYS_MS: tuple[int, ...] = (1_000, 10_000, 60_000, 300_000)
 
 
+# The largest default delay a queue may ask for: the default delay ladder's reach (rmqkit.delay:
+# 100 ms units, 20 rungs, about 29 h). Checked here so that a file cannot promise a delay that
+# `publish` would refuse message by message.
+MAX_DEFAULT_DELAY_MS = DEFAULT_UNIT_MS * (2**DEFAULT_BITS - 1)
+MAX_PARTITIONS = 256
+
+
+class LaneModel(_Strict):
+    """``[queues.NAME.lanes.LANE]``: a lane of a work queue, its own quorum queue
+    ``NAME.lane.LANE`` that rmqkit publishers send matching messages to (docs/topology.md).
+
+    ``header``: every given header must have this value; ``body_over``: the body is strictly
+    larger than this many bytes. Both given: both must hold. ``prefetch``/``concurrency``: the
+    consumer's for this lane (None: the work queue's).
+    """
+
+    header: dict[str, str | int | bool] = Field(default_factory=dict)
+    body_over: int | None = Field(default=None, ge=0)
+    prefetch: int | None = Field(default=None, ge=1, le=65535)
+    concurrency: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _says_what_it_takes(self) -> LaneModel:
+        if not self.header and self.body_over is None:
+            raise ValueError(
+                "a lane needs header = {...} and/or body_over = BYTES (which messages it takes)"
+            )
+        return self
+
+
 class QueueModel(_Strict):
     """``[queues.NAME]``: a work queue with its wait queues and parking queue.
 
@@ -111,7 +152,8 @@ class QueueModel(_Strict):
     # Jitter: each delay tier is split into `jitter_slots` wait queues whose TTLs are spread
     # evenly over [delay * (1 - jitter), delay]; a burst of failures spreads over that window
     # without per-message TTLs (which block each other at the head of one queue).
-    jitter: float = Field(default=0.5, ge=0.0, lt=1.0)
+    # jitter = 1.0 is full jitter: the consumer draws each wait uniformly over [0, delay].
+    jitter: float = Field(default=0.5, ge=0.0, le=1.0)
     jitter_slots: int = Field(default=5, ge=1, le=20)
     permanent_errors: list[str] = Field(default_factory=list)
     handler_timeout: DurationMs | None = None
@@ -124,6 +166,18 @@ class QueueModel(_Strict):
     retention: RetentionMs | None = None
     # Body and header fields masked in every parking view (list, show, export with --redact).
     sensitive_fields: list[str] = Field(default_factory=list)
+    # encrypt = true: publish / outbox.add encrypt the sensitive_fields with the key ring
+    # (docs/encryption.md); blind_index: those of them that also get an HMAC for --match.
+    # Strict: a quoted "no" or 1 is an error, not silently a boolean.
+    encrypt: StrictBool = False
+    blind_index: list[str] = Field(default_factory=list)
+    # The delay publish / outbox.add apply by default to messages routed here (delay ladder).
+    delay: DurationMs | None = None
+    # Lanes (file order = match order), a single active consumer, or N partitions by a header.
+    lanes: dict[str, LaneModel] = Field(default_factory=dict)
+    single_active_consumer: StrictBool = False
+    partitions: int | None = Field(default=None, ge=2, le=MAX_PARTITIONS)
+    partition_key: str | None = None
 
 
 class BindingModel(_Strict):
@@ -146,19 +200,95 @@ class TopologyModel(_Strict):
 
 
 class Topology:
-    """A validated topology file and where it came from."""
+    """A validated topology file and where it came from.
+
+    Work queues are the file's ``[queues.NAME]``; a lane (``NAME.lane.LANE``) or partition
+    (``NAME.pI``) queue is a work queue too, derived from its parent: ``queue_spec`` resolves
+    either, so consumers, parking and status treat them alike.
+    """
 
     def __init__(self, model: TopologyModel, source: str) -> None:
         self.model = model
         self.source = source
+        self._derived = flow.derived_queues(model)
+
+    def parent_of(self, queue: str) -> str | None:
+        """The file's work queue that ``queue`` is (itself) or serves (a lane or partition)."""
+        if queue in self.model.queues:
+            return queue
+        return self._derived.get(queue)
+
+    def work_queue_names(self) -> list[str]:
+        """Every queue a consumer may serve: the file's work queues (a partitioned one excepted,
+        it is not a queue on the broker), each followed by its lanes or partitions."""
+        out: list[str] = []
+        for name, spec in self.model.queues.items():
+            if not spec.partitions:
+                out.append(name)
+            out.extend(q for q, parent in self._derived.items() if parent == name)
+        return out
+
+    def queue_spec(self, name: str) -> QueueModel:
+        """The settings of work queue ``name``: a file's work queue, or a lane or partition
+        queue (the parent's settings; its own prefetch for a lane; one active consumer for a
+        partition; the parent's parking queue). KeyError for any other name."""
+        parent = self.parent_of(name)
+        if parent is None:
+            raise KeyError(f"{self.source} has no work queue {name!r}")
+        spec = self.model.queues[parent]
+        if parent == name:
+            return spec
+        update: dict[str, Any] = {
+            "parking": self.parking_name(parent),
+            "lanes": {},
+            "partitions": None,
+            "partition_key": None,
+            "bind": [],
+        }
+        lane = name.removeprefix(flow.lane_queue_name(parent, ""))
+        if name.startswith(flow.lane_queue_name(parent, "")) and lane in spec.lanes:
+            update["prefetch"] = spec.lanes[lane].prefetch or spec.prefetch
+        else:
+            update["single_active_consumer"] = True
+        return spec.model_copy(update=update)
 
     def parking_name(self, queue: str) -> str:
-        """The parking queue of work queue ``queue``."""
-        return self.model.queues[queue].parking or f"{queue}.parking"
+        """The parking queue of work queue ``queue`` (a lane's or partition's: its parent's)."""
+        parent = self.parent_of(queue)
+        if parent is None:
+            raise KeyError(f"{self.source} has no work queue {queue!r}")
+        return self.model.queues[parent].parking or f"{parent}.parking"
 
     def wait_name(self, queue: str, delay_ms: int) -> str:
         """The main wait queue of one delay tier (TTL = the full delay)."""
         return f"{queue}.wait.{format_duration_ms(delay_ms)}"
+
+    def lanes_of(self, work_queue: str) -> list[flow.LaneSpec]:
+        """The lanes of a file's work queue, in match order ([] without lanes)."""
+        return flow.lane_specs(work_queue, self.model.queues[work_queue])
+
+    def lane_for(self, work_queue: str, headers: Mapping[str, Any] | None, body_size: int) -> str:
+        """The queue to publish a message for ``work_queue`` to: its first matching lane's
+        queue, else ``work_queue`` itself."""
+        return flow.choose_lane(work_queue, self.model.queues[work_queue], headers, body_size)
+
+    def partitions_of(self, work_queue: str) -> list[str]:
+        """The partition queues of a partitioned work queue, p0 first ([] if not partitioned)."""
+        count = self.model.queues[work_queue].partitions or 0
+        return [flow.partition_queue_name(work_queue, i) for i in range(count)]
+
+    def partition_exchange(self, work_queue: str) -> str | None:
+        """The consistent-hash exchange of a partitioned work queue (None if not partitioned)."""
+        if not self.model.queues[work_queue].partitions:
+            return None
+        return flow.partition_exchange_name(work_queue)
+
+    def work_queues_for(
+        self, exchange: str, routing_key: str, headers: Mapping[str, Any] | None = None
+    ) -> list[str]:
+        """The file's work queues (parents, as named in the file) a publish would reach;
+        ``headers`` only matter for headers exchanges."""
+        return flow.work_queues_for(self.model, exchange, routing_key, headers)
 
 
 def key_path(loc: tuple[int | str, ...]) -> str:
@@ -252,11 +382,25 @@ def _check_references(topology: Topology, text: str) -> None:
         parking = topology.parking_name(qname)
         if parking in work:
             fail(("queues", qname, "parking"), f"{parking!r} is a work queue of this file")
-        for delay in queue.retry_delays:
+        if queue.delay is not None and not 0 < queue.delay <= MAX_DEFAULT_DELAY_MS:
+            fail(
+                ("queues", qname, "delay"),
+                f"delay must be above zero and at most {format_duration_ms(MAX_DEFAULT_DELAY_MS)}"
+                " (the delay ladder's reach)",
+            )
+    for where, problem in flow.flow_problems(model):
+        fail(where, problem)
+    for name, parent in flow.derived_queues(model).items():
+        if name in work or name in generated:
+            fail(("queues", parent), f"lane or partition queue {name!r} clashes with another queue")
+        generated[name] = parent
+    for qname in topology.work_queue_names():
+        parent = topology.parent_of(qname) or qname
+        for delay in model.queues[parent].retry_delays:
             name = topology.wait_name(qname, delay)
             if name in work or name in generated:
-                fail(("queues", qname, "retry_delays"), f"wait queue {name!r} clashes")
-            generated[name] = qname
+                fail(("queues", parent, "retry_delays"), f"wait queue {name!r} clashes")
+            generated[name] = parent
     for ename, exchange in model.exchanges.items():
         if ename.startswith(BUILTIN_EXCHANGE_PREFIX) or not ename:
             fail(("exchanges", ename), "exchange names must be non-empty and not start with 'amq.'")
@@ -265,14 +409,16 @@ def _check_references(topology: Topology, text: str) -> None:
                 ("exchanges", ename, "alternate_exchange"),
                 f"exchange {exchange.alternate_exchange!r} is not declared in the file",
             )
-    queues_all = work | {topology.parking_name(q) for q in work} | set(generated)
+    partitioned = {q for q, spec in model.queues.items() if spec.partitions}
+    queues_all = (work - partitioned) | {topology.parking_name(q) for q in work} | set(generated)
+    exchanges_all = set(model.exchanges) | {flow.partition_exchange_name(q) for q in partitioned}
     for index, binding in enumerate(model.bindings):
         if not exchange_known(binding.source):
             fail(
                 ("bindings", index, "source"),
                 f"exchange {binding.source!r} is not declared in the file",
             )
-        known = queues_all if binding.destination_type == "queue" else set(model.exchanges)
+        known = queues_all if binding.destination_type == "queue" else exchanges_all
         if binding.destination not in known:
             fail(
                 ("bindings", index, "destination"),
