@@ -379,6 +379,29 @@ def test_a_negative_threshold_is_a_usage_error(lane: str) -> None:
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 13: parking import into a work queue (orders.work for orders.work.parking) is "
+    "accepted: the parked messages go straight to the consumers, headers and all",
+)
+def test_import_into_a_work_queue_asks_did_you_mean_its_parking_queue(
+    lane: str, tmp_path: Path
+) -> None:
+    """Every other parking command refuses a work queue: "'orders.work' is a work queue (it
+    dead-letters to 'orders.work.parking'), not a parking queue — did you mean ...?" (exit 65).
+    `parking import FILE orders.work` (one word short) publishes the lane into the work queue:
+    the consumers get every message at once, unselected, with its park headers
+    (rmqkit-attempt kept, so an exhausted one parks again at its first failure) — the
+    runbook's "import into the parking queue, then replay what you choose" is skipped."""
+    path = tmp_path / "lane.ndjson"
+    exported = broker.cli("parking", "export", PARKING, "--remove", "-o", str(path), vhost=lane)
+    assert exported.returncode == 0, exported.stderr
+    result = broker.cli("parking", "import", str(path), WORK, vhost=lane)
+    assert broker.depths(lane, [WORK])[WORK] == 0, result.stdout
+    assert result.returncode == 65, result.stdout
+    assert f"did you mean '{PARKING}'" in result.stderr, result.stderr
+
+
 # --- held: coverage no other module has ---
 
 
