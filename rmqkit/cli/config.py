@@ -35,7 +35,8 @@ def config(
     for ring_key in ring.keys:
         role = " (current)" if ring_key.id == ring.current_id else ""
         stdout.print(
-            f"[bold]keyring_key[/bold] = {ring_key.id}{role} created {ring_key.created}", highlight=False
+            f"[bold]keyring_key[/bold] = {ring_key.id}{role} created {ring_key.created}",
+            highlight=False,
         )
     index = ring.index_key
     stdout.print(

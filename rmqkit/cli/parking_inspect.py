@@ -14,7 +14,9 @@ from rich.table import Table
 
 from rmqkit.broker.codec import PROPERTIES
 from rmqkit.cli.common import run_async, seconds_option, settings_from
+from rmqkit.cli.keyring_settings import require_keyring
 from rmqkit.cli.parking_options import (
+    DECRYPT_OPT,
     REDACT_OPT,
     TOPOLOGY_OPT,
     Selection,
@@ -157,12 +159,18 @@ def show_cmd(
     message_id: str = typer.Argument(..., help="message_id of the parked message."),
     redact: list[str] = REDACT_OPT,
     topology: Path | None = TOPOLOGY_OPT,
+    decrypt: bool = DECRYPT_OPT,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Print one parked message whole: properties, headers, body (non-destructive). With
-    --topology, the fields it marks sensitive for the queue's work queue are masked too."""
+    """Print one parked message whole: properties, headers, body (non-destructive). Encrypted
+    fields show as [encrypted kid=…] unless --decrypt (needs the key ring). With --topology,
+    the fields it marks sensitive for the queue's work queue are masked too (not with
+    --decrypt: that asks to see them)."""
     settings = settings_from(ctx)
-    keys = frozenset(k.lower() for k in redact) | sensitive_for(topology, queue)
+    # The ring first: --decrypt without one is exit 78 before anything is read.
+    ring = require_keyring(settings, "--decrypt") if decrypt else None
+    declared = sensitive_for(topology, queue)  # checked either way: a wrong file is 64
+    keys = frozenset(k.lower() for k in redact) | (frozenset() if decrypt else declared)
     message = run_async(find_parked(settings, queue, message_id))
     if message is None:
         raise DataError(f"no message with message_id {message_id!r} in {queue!r}")
@@ -176,7 +184,7 @@ def show_cmd(
     document = {
         **_summary(message, keys, limits),
         "properties": properties,
-        "body": redact_body(message.body, keys),
+        "body": redact_body(message.body, keys, keyring=ring),
     }
     document["headers"] = message.redacted_headers(keys)
     print(json.dumps(document, indent=2, default=str, ensure_ascii=False))

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from rmqkit.cli.common import confirm, run_async, settings_from
+from rmqkit.cli.keyring_settings import require_keyring
 from rmqkit.cli.parking_options import (
     Selection,
     explain_no_match,
@@ -182,25 +183,44 @@ def export_cmd(
         "--remove",
         help="Remove each exported message, once its line is on disk (needs --output).",
     ),
+    decrypt: bool = typer.Option(
+        False,
+        "--decrypt",
+        help="Write encrypted fields decrypted (needs the key ring; the file then holds "
+        "personal data). Default: the ciphertext as stored.",
+    ),
 ) -> None:
     """Write parked messages as NDJSON that round-trips exactly (docs/export-format.md).
     The queue keeps them unless --remove. An existing FILE is refused unless --force or
     --append; FILE appears only when complete (with --remove: before the first removal).
-    A write error (disk full): exit 74, the file holds exactly the removed messages."""
+    A write error (disk full): exit 74, the file holds exactly the removed messages.
+    Encrypted fields are written as stored (ciphertext) unless --decrypt."""
     settings = settings_from(ctx)
     name, flt = sel.queue, sel.flt
     mode = output_mode(force=force, append=append)
     if output is None and (remove or force or append):
         raise UsageError("--remove, --force and --append need --output FILE")
+    if decrypt and remove:
+        # the file would be the only copy left, and in plaintext: an import would bring the
+        # messages back without their encryption
+        raise UsageError(
+            "--decrypt with --remove would keep only a plaintext copy: export "
+            "--decrypt without --remove, or --remove without --decrypt"
+        )
+    ring = require_keyring(settings, "--decrypt") if decrypt else None
     progress, update = progress_bar("exporting")
     if output is None:
         with progress:
-            report = run_async(export_parked(settings, name, flt, sys.stdout, progress=update))
+            report = run_async(
+                export_parked(settings, name, flt, sys.stdout, progress=update, keyring=ring)
+            )
     else:
         check_output(output, mode)  # before touching the queue
         with SafeOutput(output, mode) as sink, progress:
             report = run_async(
-                export_parked(settings, name, flt, sink, remove=remove, progress=update)
+                export_parked(
+                    settings, name, flt, sink, remove=remove, progress=update, keyring=ring
+                )
             )
     explain_no_match(sel, report.written)
     stderr.print(
@@ -209,6 +229,12 @@ def export_cmd(
         + (f", removed {report.removed}" if remove else "; the queue keeps them"),
         highlight=False,
     )
+    if decrypt:
+        stderr.print(
+            "warning: --decrypt: the export holds the encrypted fields in plaintext (personal "
+            "data): keep it as you would the key ring, and delete it when done",
+            highlight=False,
+        )
 
 
 def import_cmd(

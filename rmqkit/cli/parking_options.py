@@ -17,9 +17,11 @@ from typing import Any, get_type_hints
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rmqkit.cli.common import seconds_option
+from rmqkit.cli.common import seconds_option, settings_from
+from rmqkit.cli.keyring_settings import require_keyring
 from rmqkit.cli.render import stderr
-from rmqkit.errors import DataError, UsageError
+from rmqkit.crypto import KeyRing, Matcher
+from rmqkit.errors import ConfigError, DataError, UsageError
 from rmqkit.parking.browse import BrowseStats
 from rmqkit.parking.model import KNOWN_REASONS, ParkedFilter
 from rmqkit.topology import load_topology
@@ -37,6 +39,18 @@ NEWER_OPT = typer.Option(None, "--newer-than", help="Last failure newer than, e.
 HEADER_OPT = typer.Option([], "--header", help="Header equals value: K=V (repeatable).")
 ID_OPT = typer.Option([], "--id", help="message_id (repeatable).")
 GREP_OPT = typer.Option(None, "--grep", help="Body contains this text.")
+MATCH_OPT = typer.Option(
+    [],
+    "--match",
+    help="Encrypted (blind-indexed) or plain body field equals VALUE: FIELD=VALUE, e.g. "
+    "tax_id=12345678901 (repeatable; compares blind indexes with the key ring, decrypts nothing).",
+)
+DECRYPT_OPT = typer.Option(
+    False,
+    "--decrypt",
+    help="Show encrypted fields decrypted, with the key ring (RMQKIT_KEYRING_FILE / "
+    "RMQKIT_KEYRING); default: [encrypted kid=…].",
+)
 REDACT_OPT = typer.Option(
     [], "--redact", help="Mask this field in bodies and headers (repeatable; case-insensitive)."
 )
@@ -81,9 +95,11 @@ def parked_filter(
     header: list[str],
     ids: list[str],
     grep: str | None,
+    match: list[str] = [],  # noqa: B006 - never mutated
+    keyring: KeyRing | None = None,
 ) -> ParkedFilter:
     """The filter the options describe; an unknown ``--reason``, a bad ``--header`` or age is a
-    usage error (exit 64)."""
+    usage error (exit 64), and so is a bad ``--match``."""
     unknown = sorted(set(reason) - KNOWN_REASONS)
     if unknown:
         raise UsageError(
@@ -105,7 +121,15 @@ def parked_filter(
         headers=tuple(pairs),
         ids=frozenset(ids),
         grep=grep.encode() if grep else None,
+        match=tuple(_matcher(spec, keyring) for spec in match),
     )
+
+
+def _matcher(spec: str, keyring: KeyRing | None) -> Matcher:
+    try:
+        return Matcher.parse(spec, keyring)
+    except ConfigError as exc:  # a mistyped option: a usage error (64), not a config one
+        raise UsageError(str(exc)) from None
 
 
 _FILTER_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
@@ -117,6 +141,7 @@ _FILTER_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("header", list[str], HEADER_OPT),
     ("ids", list[str], ID_OPT),
     ("grep", str | None, GREP_OPT),
+    ("match", list[str], MATCH_OPT),
 )
 _QUEUE_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("queue", str | None, QUEUE_ARG),
@@ -162,7 +187,13 @@ def filtered(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> None:
-        flt = parked_filter(**{name: kwargs.pop(name) for name, _, _ in _FILTER_OPTIONS})
+        options = {name: kwargs.pop(name) for name, _, _ in _FILTER_OPTIONS}
+        if options["match"]:
+            # A blind index is compared under the ring's index key: without it no encrypted
+            # field could ever match, and "no match" would be a wrong answer, not an error.
+            ctx = kwargs["ctx"] if "ctx" in kwargs else args[0]
+            options["keyring"] = require_keyring(settings_from(ctx), "--match")
+        flt = parked_filter(**options)
         where = {name: kwargs.pop(name) for name, _, _ in _QUEUE_OPTIONS}
         name, sensitive = parking_queue(where["queue"], where["topology"], where["work"])
         command(*args, sel=Selection(name, sensitive, flt), **kwargs)

@@ -13,6 +13,7 @@ from typing import Any
 from rmqkit import headers as h
 from rmqkit.broker.codec import Properties
 from rmqkit.consumer.attempts import DeathReason, read_death_history
+from rmqkit.crypto import KeyRing, Matcher, decrypt_fields, redact_fields
 
 REDACTED = "***"
 
@@ -270,8 +271,12 @@ def redact_value(value: Any, keys: frozenset[str]) -> Any:
     return value
 
 
-def redact_body(body: bytes, keys: frozenset[str]) -> Any:
-    """The body for display: JSON parsed and redacted, text as text, binary as hex."""
+def redact_body(body: bytes, keys: frozenset[str], *, keyring: KeyRing | None = None) -> Any:
+    """The body for display: JSON parsed and redacted, text as text, binary as hex.
+
+    Encrypted fields (``$rmqkit_enc`` envelopes, docs/encryption.md) show as
+    ``[encrypted kid=…]``; with ``keyring`` (``--decrypt``) as their values instead, a field
+    that cannot be opened as ``[undecryptable kid=…: reason]`` while the rest still shows."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -279,7 +284,18 @@ def redact_body(body: bytes, keys: frozenset[str]) -> Any:
             return body.decode("utf-8")
         except UnicodeDecodeError:
             return {"binary_hex": body[:4096].hex(), "size": len(body)}
+    data = (
+        redact_fields(data)
+        if keyring is None
+        else decrypt_fields(data, None, keyring, strict=False)
+    )
     return redact_value(data, keys)
+
+
+def decrypted_body(body: bytes, keyring: KeyRing) -> bytes:
+    """``body`` with every envelope opened (bad ones marked, ``strict=False``): what
+    ``export --decrypt`` writes. A body without envelopes comes back as the same bytes."""
+    return decrypt_fields(body, None, keyring, strict=False)
 
 
 def error_type_matches(pattern: str, error_type: str | None) -> bool:
@@ -310,6 +326,8 @@ class ParkedFilter:
     headers: tuple[tuple[str, str], ...] = ()
     ids: frozenset[str] = frozenset()
     grep: bytes | None = None
+    # --match FIELD=VALUE: blind-index equality on encrypted fields, nothing decrypted
+    match: tuple[Matcher, ...] = ()
     looked_at: set[tuple[str | None, str | None]] = field(
         default_factory=set, compare=False, repr=False
     )
@@ -342,4 +360,6 @@ class ParkedFilter:
             have = message.headers.get(key)
             if have is None or str(json_safe(have)) != wanted:
                 return False
-        return self.grep is None or self.grep in message.body
+        if self.grep is not None and self.grep not in message.body:
+            return False
+        return all(m.matches(message.body) for m in self.match)

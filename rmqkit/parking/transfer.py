@@ -14,11 +14,12 @@ from urllib.parse import unquote, urlsplit
 
 from rmqkit import headers as h
 from rmqkit.broker.session import Outcome, Session, open_session, outcome_of
+from rmqkit.crypto import KeyRing
 from rmqkit.errors import DataError, UsageError
 from rmqkit.fileout import OutputError, SafeOutput
 from rmqkit.parking.browse import Verdict, browse
 from rmqkit.parking.journal import ImportJournal, record_digest
-from rmqkit.parking.model import ParkedFilter, ParkedMessage
+from rmqkit.parking.model import ParkedFilter, ParkedMessage, decrypted_body
 from rmqkit.parking.ops import PUBLISH_WINDOW, Progress, parking_session, ready_count
 from rmqkit.parking.records import dumps_record, loads_record, message_to_record, record_to_message
 from rmqkit.settings import Settings
@@ -40,8 +41,12 @@ async def export_parked(
     *,
     remove: bool = False,
     progress: Progress | None = None,
+    keyring: KeyRing | None = None,
 ) -> ExportReport:
     """Write matching messages to ``out`` as NDJSON; the queue keeps them unless ``remove``.
+
+    Bodies are written as stored (encrypted fields as their envelopes); with ``keyring``
+    (``export --decrypt``) with every envelope opened, bad ones marked (``decrypted_body``).
 
     With ``remove`` (``out`` must then be a ``SafeOutput``) a message is acked only after its
     line was written, fsynced and the file put under its name. A write error stops the export
@@ -100,9 +105,8 @@ async def export_parked(
                 return Verdict.STOP
             if not flt.matches(message, now):
                 return Verdict.KEEP
-            record = message_to_record(
-                message.properties, message.body, delivery_info={"queue": queue}
-            )
+            body = message.body if keyring is None else decrypted_body(message.body, keyring)
+            record = message_to_record(message.properties, body, delivery_info={"queue": queue})
             if not write(dumps_record(record) + "\n"):
                 return Verdict.STOP
             report.written += 1
