@@ -70,6 +70,25 @@ REPLAY_COUNT: Final = "rmqkit-replay-count"
 REPLAYED_AT: Final = "rmqkit-replayed-at"
 """str (ISO-8601 UTC): when it was last replayed."""
 
+# --- written by the delay ladder (rmqkit.delay.ladder, docs/delay.md) ----------------------------
+# Defined there (rmqkit.delay imports this module, not the other way round); named here so this
+# module lists every header rmqkit writes. tests/unit/test_decision.py checks they agree.
+DELAY_PREFIX: Final = "rmqkit-delay-"
+"""Prefix of every header the delay ladder writes."""
+DELAY_BIT_PREFIX: Final = "rmqkit-delay-bit-"
+"""``rmqkit-delay-bit-00`` …: ``"1"`` if that bit of the delay in ladder units is set, else
+``"0"``; present for every bit up to the highest set one."""
+DELAY_TOP: Final = "rmqkit-delay-top"
+"""str: the highest set bit (``"7"``): the ladder's entry exchange routes on it."""
+DELAY_EXCHANGE: Final = "rmqkit-delay-exchange"
+"""str: the exchange the delayed message is delivered into when due ("" = default exchange)."""
+DELAY_ROUTING_KEY: Final = "rmqkit-delay-routing-key"
+"""str: its routing key."""
+DELAY_MS: Final = "rmqkit-delay-ms"
+"""int: the delay asked for, in ms (before rounding up to whole units)."""
+DELAY_UNITS: Final = "rmqkit-delay-units"
+"""int: the delay in whole ladder units applied (``ceil(delay_ms / unit_ms)``)."""
+
 ALL_HEADERS: Final = frozenset(
     {
         ATTEMPT,
@@ -89,8 +108,14 @@ ALL_HEADERS: Final = frozenset(
         TRACEBACK,
         REPLAY_COUNT,
         REPLAYED_AT,
+        DELAY_TOP,
+        DELAY_EXCHANGE,
+        DELAY_ROUTING_KEY,
+        DELAY_MS,
+        DELAY_UNITS,
     }
 )
+"""Every fixed header name above (the delay ladder's per-bit headers share DELAY_BIT_PREFIX)."""
 
 ERROR_MESSAGE_MAX_CHARS: Final = 1000
 # The whole header table travels in one content-header frame (frame_max, 128 KiB by default), so
@@ -116,6 +141,11 @@ class ParkingReason(StrEnum):
     """The body is larger than the consumer's configured maximum message size."""
     MISSING_MESSAGE_ID = "missing_message_id"
     """The queue requires a message_id (the idempotency key) and the message has none."""
+    UNDECRYPTABLE = "undecryptable"
+    """A field of the body could not be decrypted (unknown key id, tampered ciphertext, a
+    consumer without the key ring, a malformed envelope): parked at once, never retried and
+    never handed to the handler; the error message names the field, key id and cause
+    (docs/encryption.md). The parked copy keeps the ciphertext as received."""
 
 
 # Headers the broker owns. Stripped from every copy rmqkit publishes: a client-set x-death is kept

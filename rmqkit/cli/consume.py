@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from rmqkit.broker.management import management
+from rmqkit.broker.snapshot import Snapshot
 from rmqkit.cli.common import run_async, seconds_option, settings_from
 from rmqkit.consumer.config import (
     ConsumerConfig,
@@ -18,6 +19,7 @@ from rmqkit.consumer.config import (
 )
 from rmqkit.consumer.dedupe import dedupe_config
 from rmqkit.consumer.handler import load_handler
+from rmqkit.consumer.lanes import Served, served_from_names, served_from_topology
 from rmqkit.consumer.supervisor import run_supervised
 from rmqkit.consumer.wiring import (
     check_wiring,
@@ -26,6 +28,7 @@ from rmqkit.consumer.wiring import (
     read_wiring,
     wiring_warnings,
 )
+from rmqkit.crypto import load_keyring
 from rmqkit.errors import AccessRefused, BrokerUnavailable
 from rmqkit.settings import Settings
 from rmqkit.topology import load_topology
@@ -154,6 +157,8 @@ def consume(
         ),
         conflate_key_header=conflate_key_header,
     )
+    # The key ring is loaded by each worker at start-up; a bad one fails here once (exit 78).
+    load_keyring(*settings.keyring_sources())
     spec = load_topology(topology) if topology is not None else None
     config = run_async(_resolve(settings, handler, queue, flags, spec))
     raise typer.Exit(run_supervised(settings, config, processes))
@@ -162,8 +167,12 @@ def consume(
 async def _resolve(
     settings: Settings, handler: str, queue: str, flags: ConsumerFlags, spec: Topology | None
 ) -> ConsumerConfig:
+    """The consumer's configuration: QUEUE's, with its lanes or partitions as siblings
+    (rmqkit.consumer.lanes), each checked and configured like a work queue of its own."""
     # One management API snapshot: the settings in effect on every queue, to check the wiring
     # (and, without --topology, to read the tiers and parking target from).
+    snapshot: Snapshot | None
+    unchecked: str | None = None
     try:
         async with management(settings) as api:
             snapshot = await read_wiring(api)
@@ -171,13 +180,41 @@ async def _resolve(
         if spec is None:
             raise
         # With a topology file consuming needs only AMQP; go on, but say what was not checked.
-        policy = policy_from_topology(spec, queue, flags.max_attempts)
-        config = build_config(handler, queue, policy, flags, spec)
+        snapshot = None
         unchecked = (
             f"could not check the queues' wiring through the management API ({exc}); "
             "a policy that removes a dead-letter route would go unnoticed"
         )
-        return replace(config, warnings=(*config.warnings, unchecked))
+    if spec is not None:
+        served = served_from_topology(spec, queue)
+    else:
+        assert snapshot is not None
+        served = served_from_names(snapshot.queues, queue)
+    configs = [_one(handler, one, flags, spec, snapshot) for one in served]
+    config = configs[0]
+    if unchecked is not None:
+        config = replace(config, warnings=(*config.warnings, unchecked))
+    return replace(config, siblings=tuple(configs[1:]))
+
+
+def _one(
+    handler: str,
+    served: Served,
+    flags: ConsumerFlags,
+    spec: Topology | None,
+    snapshot: Snapshot | None,
+) -> ConsumerConfig:
+    """One served queue's configuration; a lane's own prefetch/concurrency replace the flags'."""
+    queue = served.queue
+    flags = replace(
+        flags,
+        prefetch=served.prefetch or flags.prefetch,
+        concurrency=served.concurrency or flags.concurrency,
+    )
+    if snapshot is None:
+        assert spec is not None
+        policy = policy_from_topology(spec, queue, flags.max_attempts)
+        return build_config(handler, queue, policy, flags, spec)
     if spec is not None:
         policy = policy_from_topology(spec, queue, flags.max_attempts)
         check_wiring(snapshot, policy)

@@ -13,8 +13,8 @@ from typing import Literal
 from rmqkit.consumer.decision import QueuePolicy
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import ConfigError
-from rmqkit.topology.expand import wait_queue_names
-from rmqkit.topology.model import Topology
+from rmqkit.topology.expand import jitter_slot_delays
+from rmqkit.topology.model import QueueModel, Topology
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PREFETCH = 200
@@ -59,6 +59,15 @@ class ConsumerConfig:
     # --conflate-key-header: of the messages held with the same value of this header, only the
     # newest is handled (rmqkit.consumer.conflation); None: every message is handled
     conflate_key_header: str | None = None
+    # The other queues the same worker serves beside ``queue``, each with its own consumer,
+    # channel, prefetch and handler slots (rmqkit.consumer.lanes): the work queue's lanes, or
+    # the other partitions of a partitioned one. Their own ``siblings`` are empty.
+    siblings: tuple[ConsumerConfig, ...] = ()
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """Every queue this consumer serves: ``queue`` first, then the siblings'."""
+        return (self.queue, *(c.queue for c in self.siblings))
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -82,14 +91,10 @@ class ConsumerFlags:
 
 
 def policy_from_topology(topology: Topology, queue: str, max_attempts: int | None) -> QueuePolicy:
-    """The consumer view of work queue ``queue`` in ``topology``."""
-    if queue not in topology.model.queues:
-        known = ", ".join(sorted(topology.model.queues)) or "none"
-        raise ConfigError(
-            f"{topology.source} has no work queue {queue!r} (work queues in it: {known})"
-        )
-    spec = topology.model.queues[queue]
-    tiers = wait_queue_names(topology, queue)
+    """The consumer view of work queue ``queue`` in ``topology`` (a file's work queue, or one
+    of its lane or partition queues)."""
+    spec = queue_spec(topology, queue)
+    tiers = _wait_tiers(topology, queue, spec)
     return QueuePolicy(
         queue=queue,
         parking_queue=topology.parking_name(queue),
@@ -100,6 +105,33 @@ def policy_from_topology(topology: Topology, queue: str, max_attempts: int | Non
         wait_ttls_ms=tuple(tuple(ttl for _, ttl in slots) for slots in tiers),
         full_jitter=full_jitter(spec),
     )
+
+
+def _wait_tiers(topology: Topology, queue: str, spec: QueueModel) -> list[list[tuple[str, int]]]:
+    """Per tier, the (name, ttl_ms) of the queue's jitter slot queues (the last one the full
+    delay), as rmqkit.topology.expand names them; a lane or partition queue has its own."""
+    tiers: list[list[tuple[str, int]]] = []
+    for delay in spec.retry_delays:
+        main = topology.wait_name(queue, delay)
+        tiers.append(
+            [
+                (main if ttl == delay else f"{main}.slot-{format_duration_ms(ttl)}", ttl)
+                for ttl in jitter_slot_delays(delay, spec.jitter, spec.jitter_slots)
+            ]
+        )
+    return tiers
+
+
+def queue_spec(topology: Topology, queue: str) -> QueueModel:
+    """The settings of work queue ``queue`` (lane and partition queues resolve to their
+    parent's), or ConfigError naming the work queues the file has."""
+    try:
+        return topology.queue_spec(queue)
+    except KeyError:
+        known = ", ".join(topology.work_queue_names()) or "none"
+        raise ConfigError(
+            f"{topology.source} has no work queue {queue!r} (work queues in it: {known})"
+        ) from None
 
 
 def full_jitter(spec: object) -> bool:
@@ -120,7 +152,7 @@ def build_config(
     broker_consumer_timeout_s: float | None = None,
 ) -> ConsumerConfig:
     """Combine flags, topology and broker facts; collect warnings for the operator."""
-    spec = topology.model.queues[queue] if topology is not None else None
+    spec = queue_spec(topology, queue) if topology is not None else None
     if flags.permanent_errors:
         policy = replace(
             policy, permanent_errors=policy.permanent_errors | frozenset(flags.permanent_errors)

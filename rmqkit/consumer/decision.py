@@ -25,14 +25,25 @@ Header policy of the copies (names in rmqkit.headers, described in docs/headers.
 from __future__ import annotations
 
 import random
-import traceback as traceback_module
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from rmqkit import headers as h
 from rmqkit.consumer.attempts import DeathEvent, DeathReason, attempt_number, read_x_death
+from rmqkit.consumer.outcomes import (
+    Failed,
+    HandlerTimeout,
+    MissingMessageId,
+    Outcome,
+    Success,
+    TooLarge,
+    Undecodable,
+    Undecryptable,
+    qualified_type_name,
+)
+from rmqkit.delay import delivered_route
 
 # --- queue settings ------------------------------------------------------------------------------
 
@@ -113,101 +124,6 @@ def _unqualify_builtin(name: str) -> str:
     return name.removeprefix("builtins.")
 
 
-def qualified_type_name(cls: type) -> str:
-    """``pkg.mod.Cls`` (nested classes ``pkg.mod.Outer.Inner``); builtins stay bare."""
-    if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-# --- outcomes of handling one delivery -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Success:
-    """The handler returned."""
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The handler raised.
-
-    ``permanent``: rmqkit.Permanent (park now). ``retry_delay_s``: from rmqkit.Retry(delay_s=...);
-    picks the tier whose delay is the smallest one >= it. ``base_types``: qualified names of the
-    exception's base classes, so listing a base class in permanent_errors covers its subclasses.
-    """
-
-    exc_type: str
-    exc_message: str
-    traceback: str = ""  # given, or formatted from ``exception`` by traceback_text()
-    permanent: bool = False
-    retry_delay_s: float | None = None
-    base_types: tuple[str, ...] = ()
-    exception: BaseException | None = field(default=None, compare=False, repr=False)
-
-    def traceback_text(self) -> str:
-        """The traceback, formatted only when asked for: parking keeps it, a retry does not,
-        and formatting every failure's was a fifth of the retry path's CPU."""
-        if self.traceback or self.exception is None:
-            return self.traceback
-        return "".join(traceback_module.format_exception(self.exception))
-
-    @classmethod
-    def from_exception(
-        cls, exc: BaseException, *, permanent: bool = False, retry_delay_s: float | None = None
-    ) -> Failed:
-        return cls(
-            exc_type=qualified_type_name(type(exc)),
-            exc_message=str(exc),
-            exception=exc,
-            permanent=permanent,
-            retry_delay_s=retry_delay_s,
-            base_types=tuple(
-                qualified_type_name(base)
-                for base in type(exc).__mro__[1:]
-                if base not in (object, BaseException)
-            ),
-        )
-
-
-@dataclass(frozen=True)
-class HandlerTimeout:
-    """The handler did not finish within the handler timeout: a transient failure."""
-
-    timeout_s: float
-
-    error_type: ClassVar[str] = "rmqkit.HandlerTimeout"
-
-
-@dataclass(frozen=True)
-class Undecodable:
-    """The body failed decoding or validation before the handler ran: poison, park now."""
-
-    detail: str
-    exc_type: str = "rmqkit.Undecodable"
-    traceback: str = ""
-
-
-@dataclass(frozen=True)
-class TooLarge:
-    """The body exceeds the consumer's maximum message size: park without handling it."""
-
-    size_bytes: int
-    limit_bytes: int
-
-    error_type: ClassVar[str] = "rmqkit.TooLarge"
-
-
-@dataclass(frozen=True)
-class MissingMessageId:
-    """The queue requires a message_id (the idempotency key) and the message has none."""
-
-    error_type: ClassVar[str] = "rmqkit.MissingMessageId"
-
-
-Outcome = Success | Failed | HandlerTimeout | Undecodable | TooLarge | MissingMessageId
-
-
 # --- decisions -----------------------------------------------------------------------------------
 
 
@@ -284,6 +200,10 @@ def decide(
     if isinstance(outcome, TooLarge):
         message = f"body is {outcome.size_bytes} bytes, the limit is {outcome.limit_bytes} bytes"
         return context.park(h.ParkingReason.TOO_LARGE, _Error(outcome.error_type, message, ""))
+    if isinstance(outcome, Undecryptable):
+        # Never retried: a key that is missing or a ciphertext that was altered stays so.
+        error = _Error(outcome.error_type, outcome.detail, "")
+        return context.park(h.ParkingReason.UNDECRYPTABLE, error)
     if isinstance(outcome, MissingMessageId):
         message = "the message has no message_id and this queue requires one"
         return context.park(
@@ -414,7 +334,8 @@ class _CopyContext:
     def _original_route(self, first_death_here: DeathEvent | None) -> tuple[str, str]:
         """Our headers if an earlier copy set them; else the route x-death recorded when the
         message first died in this queue (the producer's exchange and routing key); else this
-        delivery's."""
+        delivery's — either mapped back through the delay ladder's headers
+        (rmqkit.delay.delivered_route) when it left a ladder stage."""
         headers = self.headers or {}
         exchange = _existing_text(headers.get(h.ORIGINAL_EXCHANGE))
         routing_key = _existing_text(headers.get(h.ORIGINAL_ROUTING_KEY))
@@ -425,6 +346,9 @@ class _CopyContext:
             )
         else:
             fallback = (self.exchange, self.routing_key)
+        # A message that came out of the delay ladder was delivered through its
+        # `….after-NN` stage exchange: keep the target its producer asked for instead.
+        fallback = delivered_route(fallback[0], fallback[1], headers)
         return (
             fallback[0] if exchange is None else exchange,
             fallback[1] if routing_key is None else routing_key,
@@ -451,3 +375,23 @@ def _existing_text(value: object) -> str | None:
     if isinstance(value, bytes | bytearray):
         return bytes(value).decode("utf-8", errors="replace")
     return None
+
+
+# The outcomes live in rmqkit.consumer.outcomes; importing them from here keeps working.
+__all__ = [
+    "Ack",
+    "Decision",
+    "Failed",
+    "HandlerTimeout",
+    "MissingMessageId",
+    "Outcome",
+    "Park",
+    "QueuePolicy",
+    "Retry",
+    "Success",
+    "TooLarge",
+    "Undecodable",
+    "Undecryptable",
+    "decide",
+    "qualified_type_name",
+]

@@ -39,6 +39,7 @@ from rmqkit.consumer.decision import (
     Success,
     TooLarge,
     Undecodable,
+    Undecryptable,
     decide,
 )
 from rmqkit.consumer.dedupe import DedupeStep
@@ -48,6 +49,9 @@ from rmqkit.consumer.message import Message
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import RefusedCopies
 from rmqkit.consumer.threads import HandlerThreads
+from rmqkit.crypto import KeyRing, decrypt_fields
+from rmqkit.crypto import Undecryptable as UndecryptableField
+from rmqkit.delay import delivered_route
 from rmqkit.headers import ATTEMPT
 
 log = logging.getLogger("rmqkit.consumer")
@@ -75,9 +79,16 @@ class Dispatcher:
     """Runs the handler on each delivery of one consumer and settles it by the outcome."""
 
     def __init__(
-        self, config: ConsumerConfig, handler: LoadedHandler, metrics: ConsumerMetrics
+        self,
+        config: ConsumerConfig,
+        handler: LoadedHandler,
+        metrics: ConsumerMetrics,
+        keyring: KeyRing | None = None,
     ) -> None:
         self.config = config
+        # Opens the encrypted fields of bodies before the handler sees them (None: no key ring;
+        # a body that holds an envelope is then parked undecryptable, never handed over).
+        self.keyring = keyring
         self.handler = handler
         self.metrics = metrics
         self._stop = asyncio.Event()
@@ -171,34 +182,77 @@ class Dispatcher:
                 deliveries = delivery_count(headers, bool(deliver.redelivered))
                 if deliveries > 1:
                     self._redelivered(props.message_id, attempt, deliveries)
-            message = Message(
-                body,
-                headers=headers,
-                message_id=props.message_id,
-                routing_key=deliver.routing_key or "",
-                exchange=deliver.exchange or "",
-                redelivered=bool(deliver.redelivered),
-                attempt=attempt,
-                content_type=props.content_type,
-                correlation_id=props.correlation_id,
-                timestamp=_as_datetime(props.timestamp),
-                delivery_tag=tag,
-            )
-            if self.conflation is None:
-                outcome = await self._run(message)
+            try:
+                # Every envelope in the body, all or nothing (a body without one is returned
+                # as is, without a parse). The copies below publish delivered.body: ciphertext.
+                body = decrypt_fields(body, None, self.keyring)
+            except UndecryptableField as exc:
+                outcome = Undecryptable(str(exc), exc.reason)
             else:
-                key = key_of(headers.get(self._conflate_header or ""))
-                if key is None:
-                    outcome = await self._run(message)
-                elif not await self.conflation.admit(key):
-                    self._superseded(props.message_id, attempt, key)
-                    self._finished(tracker, tag)
+                outcome = await self._handle_message(
+                    delivered, body, headers, attempt, tracker, tag
+                )
+                if outcome is None:  # superseded: acked unhandled
                     return
-                else:
-                    try:
-                        outcome = await self._run(message)
-                    finally:
-                        self.conflation.release(key)
+        await self._settle(delivered, tracker, tag, outcome, headers, attempt, deliveries)
+
+    async def _handle_message(
+        self,
+        delivered: Delivery,
+        body: bytes,
+        headers: dict[str, Any],
+        attempt: int,
+        tracker: AckTracker,
+        tag: int,
+    ) -> Any:
+        """The handler's outcome for a decrypted ``body``; None when conflation superseded it
+        (then already settled)."""
+        props = delivered.header.properties
+        deliver = delivered.delivery
+        # A delivery out of the delay ladder names its stage exchange: show the producer's.
+        exchange, routing_key = delivered_route(
+            deliver.exchange or "", deliver.routing_key or "", headers
+        )
+        message = Message(
+            body,
+            headers=headers,
+            message_id=props.message_id,
+            routing_key=routing_key,
+            exchange=exchange,
+            redelivered=bool(deliver.redelivered),
+            attempt=attempt,
+            content_type=props.content_type,
+            correlation_id=props.correlation_id,
+            timestamp=_as_datetime(props.timestamp),
+            delivery_tag=tag,
+        )
+        if self.conflation is None:
+            return await self._run(message)
+        key = key_of(headers.get(self._conflate_header or ""))
+        if key is None:
+            return await self._run(message)
+        if not await self.conflation.admit(key):
+            self._superseded(props.message_id, attempt, key)
+            self._finished(tracker, tag)
+            return None
+        try:
+            return await self._run(message)
+        finally:
+            self.conflation.release(key)
+
+    async def _settle(
+        self,
+        delivered: Delivery,
+        tracker: AckTracker,
+        tag: int,
+        outcome: Any,
+        headers: dict[str, Any],
+        attempt: int,
+        deliveries: int,
+    ) -> None:
+        """Ack a success; else decide, and publish the retry or park copy (ciphertext as
+        received: ``delivered.body``, never the decrypted one)."""
+        config = self.config
         if type(outcome) is Success:
             self._finished(tracker, tag)
             return

@@ -28,6 +28,7 @@ from rmqkit.consumer.dispatch import Dispatcher
 from rmqkit.consumer.handler import LoadedHandler
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import Backoff
+from rmqkit.crypto import KeyRing
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
 from rmqkit.settings import Settings
 
@@ -58,8 +59,9 @@ class Consumer(Dispatcher):
         metrics: ConsumerMetrics,
         *,
         cautious: bool = False,
+        keyring: KeyRing | None = None,
     ) -> None:
-        super().__init__(config, handler, metrics)
+        super().__init__(config, handler, metrics, keyring)
         self.settings = settings
         # After a crash: prefetch 1 until CAUTIOUS_SETTLED messages have been settled, so a
         # message that kills the process spends only its own delivery attempts.

@@ -12,10 +12,12 @@ import sys
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.handler import load_handler
 from rmqkit.consumer.health_server import HealthServer
+from rmqkit.consumer.lanes import run_consumers
 from rmqkit.consumer.logs import configure_logging
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.runner import Consumer
 from rmqkit.consumer.threads import HandlerThreads
+from rmqkit.crypto import load_keyring
 from rmqkit.errors import ExitCode, RmqkitError
 from rmqkit.settings import Settings
 
@@ -42,7 +44,8 @@ def run_worker(
     except RmqkitError as exc:
         log.error("%s", exc)
         code = exc.exit_code
-    if threads and threads[0].busy:
+    busy = sum(t.busy for t in threads)
+    if busy:
         # A handler thread cannot be stopped, and the interpreter joins every pool thread at
         # exit: a call that never returns would hold the process past its grace for good. The
         # consumer has drained and closed its connection (what did not finish was not acked and
@@ -50,7 +53,7 @@ def run_worker(
         log.warning(
             "exiting without waiting for %d sync handler call(s) still running "
             "(nothing unfinished was acked: those messages come back)",
-            threads[0].busy,
+            busy,
         )
         logging.shutdown()
         sys.stdout.flush()
@@ -72,9 +75,16 @@ async def _main(
 
     assert isinstance(handler, LoadedHandler)
     metrics = ConsumerMetrics(config.queue, config.tier_names)
-    consumer = Consumer(settings, config, handler, metrics, cautious=cautious)
-    if consumer.threads is not None:
-        threads.append(consumer.threads)
+    # Loaded once, here: every message's envelopes are opened with it (None: no key ring, and a
+    # message with an encrypted field is parked undecryptable). A bad ring is fatal (78).
+    keyring = load_keyring(*settings.keyring_sources())
+    # One consumer per queue served (the work queue and its lanes, or the partitions), sharing
+    # the worker's metrics and health endpoints (rmqkit.consumer.lanes).
+    consumers = [
+        Consumer(settings, one, handler, metrics, cautious=cautious, keyring=keyring)
+        for one in (config, *config.siblings)
+    ]
+    threads.extend(c.threads for c in consumers if c.threads is not None)
     loop = asyncio.get_running_loop()
     signals = 0
 
@@ -83,14 +93,15 @@ async def _main(
         signals += 1
         if signals == 1:
             log.info("stopping: finishing in-flight messages (grace %.0fs)", config.grace_s)
-            consumer.stop()
+            for consumer in consumers:
+                consumer.stop()
         else:
             log.warning("second signal: stopping now; unacked messages will be redelivered")
             os._exit(ExitCode.INTERRUPTED)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
-    for warning in config.warnings:
+    for warning in dict.fromkeys(w for c in consumers for w in c.config.warnings):
         log.warning("%s", warning)
     server = None
     if config.metrics_port is not None:
@@ -98,18 +109,20 @@ async def _main(
         await server.start()
     beat = asyncio.create_task(_heartbeat(metrics))
     try:
-        if consumer.dedupe is not None:  # initialised (else 78, fatal) and answering (else 69)
-            await consumer.dedupe.start()
-        await consumer.run()
+        for consumer in consumers:
+            if consumer.dedupe is not None:  # initialised (else 78) and answering (else 69)
+                await consumer.dedupe.start()
+        await run_consumers(consumers)
     finally:
-        if consumer.dedupe is not None:
-            await consumer.dedupe.close()
-        consumer.close()
+        for consumer in consumers:
+            if consumer.dedupe is not None:
+                await consumer.dedupe.close()
+            consumer.close()
         beat.cancel()
         if server is not None:
             await server.stop()
-    log.info("stopped after %d message(s)", consumer.processed)
-    if consumer.recycle and not signals:
+    log.info("stopped after %d message(s)", sum(c.processed for c in consumers))
+    if any(c.recycle for c in consumers) and not signals:
         return RECYCLE_EXIT_CODE
     return ExitCode.OK
 

@@ -885,3 +885,75 @@ def test_full_jitter_needs_the_slot_ttls() -> None:
         QueuePolicy("q", "q.parking", (1000,), 3, (("q.wait.1s",),), full_jitter=True)
     with pytest.raises(ValueError, match="one TTL per slot"):
         QueuePolicy("q", "q.parking", (1000,), 3, (("a", "b"),), wait_ttls_ms=((1000,),))
+
+
+# --- undecryptable bodies and delayed deliveries (issues 15, 16) ---------------------------------
+
+
+def test_undecryptable_parks_at_once_with_the_reason_text() -> None:
+    from rmqkit.consumer.decision import Undecryptable
+
+    text = "field customer.name: cannot decrypt (tampered): the ciphertext was altered"
+    for headers in ({}, {h.ATTEMPT: 1}):  # never retried, whatever the attempt
+        decision = run(Undecryptable(text, "tampered"), headers)
+        assert isinstance(decision, Park)
+        assert decision.reason == h.ParkingReason.UNDECRYPTABLE
+        assert decision.headers[h.PARK_REASON] == "undecryptable"
+        assert decision.headers[h.ERROR_TYPE] == "rmqkit.Undecryptable"
+        assert decision.headers[h.ERROR_MESSAGE] == text
+        assert h.TRACEBACK not in decision.headers
+        assert_publishable(decision.headers)
+
+
+def _delayed_headers() -> dict[str, Any]:
+    from rmqkit.delay import Ladder
+
+    plan = Ladder("rmqkit.delay", 100, 8).plan(1500, "orders", "orders.created", {"k": "v"})
+    return dict(plan.headers)
+
+
+def test_a_delayed_delivery_keeps_the_producers_route_not_the_ladder_stage() -> None:
+    headers = _delayed_headers()
+    # what the broker hands over when the ladder's last stage dead-letters it into "orders"
+    stage = "rmqkit.delay.100ms.after-00"
+    decision = run(TRANSIENT, headers, exchange=stage, routing_key="orders.created")
+    assert isinstance(decision, Retry)
+    assert decision.headers[h.ORIGINAL_EXCHANGE] == "orders"
+    assert decision.headers[h.ORIGINAL_ROUTING_KEY] == "orders.created"
+    parked = run(Failed("E", "m", permanent=True), headers, exchange=stage, routing_key="x")
+    assert isinstance(parked, Park) and parked.headers[h.ORIGINAL_EXCHANGE] == "orders"
+    # a plain delivery through an exchange that merely looks like a stage is left alone
+    plain = run(TRANSIENT, {}, exchange="shop.after-00", routing_key="k")
+    assert isinstance(plain, Retry) and plain.headers[h.ORIGINAL_EXCHANGE] == "shop.after-00"
+
+
+def test_a_broker_driven_loop_of_a_delayed_message_maps_its_x_death_route() -> None:
+    headers = _delayed_headers()
+    headers["x-death"] = [
+        {
+            "queue": "orders.work",
+            "reason": "rejected",
+            "count": 1,
+            "exchange": "rmqkit.delay.100ms.after-02",
+            "routing-keys": ["orders.created"],
+            "time": datetime(2026, 11, 29, 15, 0, tzinfo=UTC),
+        }
+    ]
+    decision = run(TRANSIENT, headers, exchange="", routing_key="orders.work")
+    assert isinstance(decision, Retry)
+    assert decision.headers[h.ORIGINAL_EXCHANGE] == "orders"
+
+
+def test_the_delay_ladders_header_names_are_listed_in_headers() -> None:
+    from rmqkit.delay import ladder
+
+    assert h.DELAY_PREFIX == ladder.ALL_HEADERS_PREFIX
+    assert h.DELAY_BIT_PREFIX == ladder.BIT_PREFIX
+    assert (h.DELAY_TOP, h.DELAY_EXCHANGE, h.DELAY_ROUTING_KEY, h.DELAY_MS, h.DELAY_UNITS) == (
+        ladder.TOP,
+        ladder.EXCHANGE,
+        ladder.ROUTING_KEY,
+        ladder.DELAY_MS,
+        ladder.UNITS,
+    )
+    assert {h.DELAY_TOP, h.DELAY_EXCHANGE, h.DELAY_MS} <= h.ALL_HEADERS
