@@ -1,7 +1,9 @@
 """Handlers for the lanes, partitions and encrypted-consume tests (and bench/lanes.py).
 
 Each appends one JSON line per call to the file RMQKIT_TEST_OUT (O_APPEND: whole lines from
-several processes and threads), so a test reads what the handlers saw and when.
+several processes and threads), so a test reads what the handlers saw and when. Started by
+tests.consumer_harness.ConsumerProcess (which passes RMQKIT_TEST_LEDGER only), the file is the
+ledger's path plus ``.jsonl``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from rmqkit.store import dialect_of
 
 def _append(row: dict[str, Any]) -> None:
     line = (json.dumps(row, sort_keys=True) + "\n").encode()
-    fd = os.open(os.environ["RMQKIT_TEST_OUT"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    path = os.environ.get("RMQKIT_TEST_OUT") or os.environ["RMQKIT_TEST_LEDGER"] + ".jsonl"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line)
     finally:
