@@ -1,0 +1,120 @@
+"""Lanes (issue 15) through `rmqkit consume`, on the real broker.
+
+One ``consume --queue media.work`` serves the work queue and its lane ``media.work.lane.slow``
+(tests/topologies/lanes.toml), each with its own channel, prefetch and handler slots. With the
+lane saturated by slow jobs, the small jobs of the work queue are all handled while the lane is
+still busy: the lane can hold only its own window (the bench, bench/lanes.py, measures the
+latency; this test checks the order of events, not a wall-clock threshold).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rmqkit.topology import load_topology
+from rmqkit.topology.apply import declare_topology
+from tests import broker
+from tests.consumer_harness import ROOT, ConsumerProcess, wait_until
+from tests.flow_handlers import read_rows
+
+TOPOLOGY = str(ROOT / "tests" / "topologies" / "lanes.toml")
+FALLBACK = str(ROOT / "tests" / "topologies" / "lanes_fallback.toml")
+WORK, LANE, PARKING = "media.work", "media.work.lane.slow", "media.work.parking"
+SLOW, SMALL = 8, 100
+
+
+def declare_lanes(vhost: str) -> None:
+    """Declare lanes.toml (its lane too, once `declare` expands lanes; before that, the lane
+    queue from lanes_fallback.toml)."""
+    settings = broker.settings_for(vhost)
+    broker.run(declare_topology(settings, load_topology(TOPOLOGY)))
+    if LANE not in broker.queue_names(vhost):
+        broker.run(declare_topology(settings, load_topology(FALLBACK)))
+
+
+def bodies(kind: str, count: int, sleep: float) -> list[tuple[str, bytes]]:
+    return [
+        (
+            f"{kind}-{i:03d}-{uuid.uuid4().hex[:4]}",
+            json.dumps({"kind": kind, "sleep": sleep, "sent": time.time()}).encode(),
+        )
+        for i in range(count)
+    ]
+
+
+def consumers_of(vhost: str, queue: str) -> list[dict[str, Any]]:
+    found = broker.mgmt_queue(vhost, queue) or {}
+    details: list[dict[str, Any]] = found.get("consumer_details") or []
+    return details
+
+
+def test_a_saturated_slow_lane_does_not_hold_up_the_work_queue(
+    fresh_vhost: Any, tmp_path: Path
+) -> None:
+    vhost = fresh_vhost()
+    declare_lanes(vhost)
+    ledger = tmp_path / "ledger.db"
+    out = f"{ledger}.jsonl"
+    consumer = ConsumerProcess(
+        vhost, ledger, handler="tests.flow_handlers:timed", queue=WORK, topology=TOPOLOGY
+    )
+    try:
+        # one consumer on each queue, each channel with its own prefetch (the lane's is 2)
+        assert broker.wait_for(
+            lambda: consumers_of(vhost, WORK) and consumers_of(vhost, LANE), timeout_s=20
+        ), consumer.output()
+        assert [c["prefetch_count"] for c in consumers_of(vhost, LANE)] == [2]
+        assert [c["prefetch_count"] for c in consumers_of(vhost, WORK)] == [20]
+        # the lane first, saturated (8 jobs of 0.5 s, 2 at a time: 2 s of work), then the small
+        # jobs into the work queue
+        broker.publish_with_ids(vhost, "", LANE, bodies("slow", SLOW, 0.5))
+        assert wait_until(lambda: broker.depths(vhost, [LANE])[LANE] == SLOW - 2, 10)
+        broker.publish_with_ids(vhost, "media", "job", bodies("small", SMALL, 0.002))
+        assert wait_until(lambda: len(read_rows(out)) == SLOW + SMALL, 30), consumer.output()
+        assert wait_until(lambda: _empty(vhost), 10), broker.depths(vhost, [WORK, LANE, PARKING])
+    finally:
+        assert consumer.stop() == 0
+    rows = read_rows(out)
+    slow = sorted((r for r in rows if r["kind"] == "slow"), key=lambda r: r["start"])
+    small = [r for r in rows if r["kind"] == "small"]
+    assert len(slow) == SLOW and len(small) == SMALL
+    # the lane never ran more than its 2 slots at once
+    assert max(_overlap(slow, r["start"]) for r in slow) <= 2
+    # every small job finished while the lane still had slow jobs waiting to start: the last
+    # two slow jobs started after the last small one ended
+    last_small_end = max(r["end"] for r in small)
+    assert sum(r["start"] > last_small_end for r in slow) >= 2, (last_small_end, slow)
+    # each message handled once, everything acked
+    assert len({r["id"] for r in rows}) == SLOW + SMALL
+    assert "parked" not in consumer.output()
+
+
+def _overlap(rows: list[dict[str, Any]], at: float) -> int:
+    return sum(r["start"] <= at < r["end"] for r in rows)
+
+
+def _empty(vhost: str) -> bool:
+    depths = broker.depths(vhost, [WORK, LANE, PARKING])
+    return all(v == 0 for v in depths.values())
+
+
+def test_consume_without_a_topology_finds_the_lanes_on_the_broker(
+    fresh_vhost: Any, tmp_path: Path
+) -> None:
+    vhost = fresh_vhost()
+    declare_lanes(vhost)
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(
+        vhost, ledger, handler="tests.flow_handlers:timed", queue=WORK, topology=None
+    )
+    try:
+        broker.publish_with_ids(vhost, "", LANE, bodies("slow", 3, 0.0))
+        broker.publish_with_ids(vhost, "media", "job", bodies("small", 3, 0.0))
+        assert wait_until(lambda: len(read_rows(f"{ledger}.jsonl")) == 6, 30), consumer.output()
+        assert wait_until(lambda: _empty(vhost), 10)
+    finally:
+        assert consumer.stop() == 0
