@@ -37,19 +37,43 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "via": plan.desired.via,
         "summary": plan.summary(),
         "work_queues": [w.as_dict() for w in plan.desired.work_queues],
+        "delay_ladder": ladder_dict(plan),
         "changes": [c.as_dict() for c in plan.changes],
     }
 
 
 def print_work_queues(plan: Plan) -> None:
-    """One line per work queue of the file: its retries, retention and parking queue, so what
-    happens to a failing or waiting message is stated even when nothing changes."""
-    for work in plan.desired.work_queues:
-        line = f"work queue {work.text()}"
+    """One line per work queue of the file: its retries, retention and parking queue, lanes,
+    partitions, default delay and encryption, so what happens to a failing or waiting message is
+    stated even when nothing changes; and the delay ladder, if the file declares it."""
+    lines = [f"work queue {work.text()}" for work in plan.desired.work_queues]
+    ladder = ladder_dict(plan)
+    if ladder is not None:
+        exits = ", ".join(
+            f"queue {key}" if not exchange else f"exchange {exchange}"
+            for exchange, key in plan.desired.ladder_targets
+        )
+        lines.append(
+            f"delay ladder {ladder['name']}: {ladder['rungs']} rungs, exits to {exits} "
+            "(for the queues with a delay; docs/delay.md)"
+        )
+    for line in lines:
         if stdout.is_terminal:
             stdout.print(line, highlight=False)
         else:
             print(line)
+
+
+def ladder_dict(plan: Plan) -> dict[str, Any] | None:
+    """The delay ladder a plan declares (None: no queue has a ``delay``)."""
+    desired = plan.desired
+    if desired.ladder is None:
+        return None
+    return {
+        "name": desired.ladder,
+        "rungs": len(desired.fixed_queues),
+        "exits": [{"exchange": e, "routing_key": k} for e, k in desired.ladder_targets],
+    }
 
 
 def print_plan(plan: Plan, *, show_in_sync: bool = True, title: str | None = None) -> None:

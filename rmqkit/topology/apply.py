@@ -122,7 +122,7 @@ async def _blind_plan(
                 "redeclared (not verified: no management API)" if exists else "",
             )
         )
-    for queue in desired.queues:
+    for queue in desired.all_queues():
         exists = await probes.queue_exists(queue.name)
         changes.append(
             Change(
@@ -187,7 +187,7 @@ async def _apply(conn: AbstractConnection, api: ManagementClient | None, plan: P
         [],
         [
             {"queue": queue.name, "durable": True, "arguments": queue.arguments(desired.via)}
-            for queue in desired.queues
+            for queue in desired.all_queues()
             if ("queue", queue.name) in todo
         ],
         bindings,

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import TopologyFileError
-from rmqkit.topology.model import BUILTIN_EXCHANGE_PREFIX, Topology, format_retention_ms
+from rmqkit.topology import flow
+from rmqkit.topology.ladder import default_ladder, delay_targets
+from rmqkit.topology.model import BUILTIN_EXCHANGE_PREFIX, QueueModel, Topology
+from rmqkit.topology.summary import WorkQueueSummary, summarize
 
 Via = Literal["policy", "arguments"]
 QueueRole = Literal["work", "wait", "parking"]
 POLICY_PREFIX = "rmqkit."
+# The weight of each partition's binding to its consistent-hash exchange (its routing key): all
+# equal, so keys spread evenly; the broker parses it as an integer.
+PARTITION_WEIGHT = "1"
 
 # The queue settings rmqkit manages, in policy-key form (an x-argument is "x-" + key).
 MANAGED_KEYS = (
@@ -51,13 +57,31 @@ class QueueSpec:
     settings: dict[str, Any]
     delay_ms: int | None = None  # wait queues: the TTL of this jitter slot
     tier_index: int | None = None
+    # x-single-active-consumer: a declaration-time argument only (no policy key), so it is in
+    # the arguments whatever ``via`` says, and cannot change on an existing queue.
+    single_active_consumer: bool = False
 
     def arguments(self, via: Via) -> dict[str, Any]:
         """The x-arguments to declare the queue with: settings go in them only ``via`` arguments."""
         args: dict[str, Any] = {"x-queue-type": "quorum"}
+        if self.single_active_consumer:
+            args["x-single-active-consumer"] = True
         if via == "arguments":
             args.update({f"x-{key}": value for key, value in self.settings.items()})
         return args
+
+
+@dataclass(frozen=True)
+class FixedQueueSpec:
+    """A queue declared with fixed x-arguments and no policy, whatever ``via`` says: the delay
+    ladder's rungs (docs/delay.md: a policy on a rung would be the only one applying)."""
+
+    name: str
+    fixed_arguments: dict[str, Any]
+
+    def arguments(self, via: Via) -> dict[str, Any]:
+        """The x-arguments to declare it with (``via`` does not matter)."""
+        return dict(self.fixed_arguments)
 
 
 @dataclass(frozen=True)
@@ -69,9 +93,12 @@ class BindingSpec:
     destination_type: Literal["queue", "exchange"]
     routing_key: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    text: str = ""  # the label, when the routing key alone does not tell bindings apart
 
     @property
     def label(self) -> str:
+        if self.text:
+            return self.text
         return f"{self.source} → {self.destination} ({self.routing_key or '<empty key>'})"
 
 
@@ -91,46 +118,6 @@ class PolicySpec:
 
 
 @dataclass(frozen=True)
-class WorkQueueSummary:
-    """What happens to a work queue's messages, as ``plan`` states it: the retry ladder, the
-    attempts, the retention and where they park."""
-
-    name: str
-    retry_delays_ms: tuple[int, ...]
-    default_retries: bool  # the file does not say retry_delays: the default ladder applies
-    max_attempts: int
-    retention_ms: int | None
-    parking: str
-
-    def text(self) -> str:
-        """``orders.work: retries 1s, 5s (max_attempts 3); retention 4d; parks in …``."""
-        if self.retry_delays_ms:
-            ladder = ", ".join(format_duration_ms(d) for d in self.retry_delays_ms)
-            retries = f"retries {ladder}" + (
-                " (the default ladder)" if self.default_retries else ""
-            )
-            retries += f", max_attempts {self.max_attempts}"
-        else:
-            retries = "no retries (retry_delays = []): a transient failure parks at once"
-        retention = (
-            f"retention {format_retention_ms(self.retention_ms)}, then parked as expired"
-            if self.retention_ms is not None
-            else "no retention limit"
-        )
-        return f"{self.name}: {retries}; {retention}; parks in {self.parking}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "retry_delays_ms": list(self.retry_delays_ms),
-            "default_retries": self.default_retries,
-            "max_attempts": self.max_attempts,
-            "retention_ms": self.retention_ms,
-            "parking": self.parking,
-        }
-
-
-@dataclass(frozen=True)
 class DesiredState:
     """Everything a topology file asks the broker to hold, for one declaration mode."""
 
@@ -141,6 +128,15 @@ class DesiredState:
     via: Via
     policy_priority: int
     work_queues: list[WorkQueueSummary] = field(default_factory=list)
+    # The delay ladder's rungs (fixed x-arguments, no policy); its exchanges and bindings are
+    # in ``exchanges`` and ``bindings``. Empty when no queue of the file has a ``delay``.
+    fixed_queues: list[FixedQueueSpec] = field(default_factory=list)
+    ladder: str | None = None  # the ladder's base name, for plan's summary
+    ladder_targets: list[tuple[str, str]] = field(default_factory=list)
+
+    def all_queues(self) -> list[QueueSpec | FixedQueueSpec]:
+        """Every queue to declare: the file's, then the delay ladder's rungs."""
+        return [*self.queues, *self.fixed_queues]
 
 
 def policy_name(queue: str) -> str:
@@ -162,8 +158,9 @@ def jitter_slot_delays(delay_ms: int, jitter: float, slots: int) -> list[int]:
 
 
 def wait_queue_names(topology: Topology, queue: str) -> list[list[tuple[str, int]]]:
-    """Per tier, the (name, ttl_ms) of its jitter slot queues; the last slot is the full delay."""
-    spec = topology.model.queues[queue]
+    """Per tier, the (name, ttl_ms) of its jitter slot queues; the last slot is the full delay.
+    ``queue``: a work queue of the file, or one of its lanes or partitions."""
+    spec = topology.queue_spec(queue)
     tiers: list[list[tuple[str, int]]] = []
     for delay in spec.retry_delays:
         main = topology.wait_name(queue, delay)
@@ -175,13 +172,96 @@ def wait_queue_names(topology: Topology, queue: str) -> list[list[tuple[str, int
     return tiers
 
 
+def _work_settings(spec: QueueModel, parking: str) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "dead-letter-exchange": "",
+        "dead-letter-routing-key": parking,
+        "dead-letter-strategy": "at-least-once",
+        "overflow": "reject-publish",
+        "delivery-limit": spec.delivery_limit,
+    }
+    if spec.max_length is not None:
+        settings["max-length"] = spec.max_length
+    if spec.max_length_bytes is not None:
+        settings["max-length-bytes"] = spec.max_length_bytes
+    if spec.retention is not None:
+        # Queue-level TTL: it counts from when a message entered this queue, so a retry
+        # coming back from a wait queue starts a new window, and dead-lettering strips any
+        # per-message expiration (kept as x-death original-expiration): no retry is
+        # expired for time it spent elsewhere. Expired → DLX above → parking, at-least-once.
+        settings["message-ttl"] = spec.retention
+    return settings
+
+
+def _work_queue_family(topology: Topology, queue: str) -> list[QueueSpec]:
+    """A work queue (the file's, a lane or a partition) and its wait queues."""
+    spec = topology.queue_spec(queue)
+    out = [
+        QueueSpec(
+            queue,
+            "work",
+            queue,
+            _work_settings(spec, topology.parking_name(queue)),
+            single_active_consumer=spec.single_active_consumer,
+        )
+    ]
+    for tier_index, slots in enumerate(wait_queue_names(topology, queue)):
+        for wait_name, ttl in slots:
+            wait_settings: dict[str, Any] = {
+                "message-ttl": ttl,
+                "dead-letter-exchange": "",
+                # back to this very queue: a lane's retry stays in its lane, a partition's in
+                # its partition (not through the hash exchange, which would pick the same one)
+                "dead-letter-routing-key": queue,
+                "dead-letter-strategy": "at-least-once",
+                "overflow": "reject-publish",
+            }
+            out.append(QueueSpec(wait_name, "wait", queue, wait_settings, ttl, tier_index))
+    return out
+
+
+def _partition_objects(topology: Topology, name: str) -> tuple[ExchangeSpec, list[BindingSpec]]:
+    """The consistent-hash exchange of a partitioned work queue and its bindings: weight 1 to
+    each partition, and the file's ``bind`` entries re-pointed at it (exchange-to-exchange)."""
+    spec = topology.model.queues[name]
+    exchange = flow.partition_exchange_name(name)
+    bindings = [
+        # the routing key of a consistent-hash binding is the partition's weight
+        BindingSpec(exchange, queue, "queue", PARTITION_WEIGHT)
+        for queue in topology.partitions_of(name)
+    ]
+    bindings += [
+        BindingSpec(bind.exchange, exchange, "exchange", bind.routing_key, dict(bind.arguments))
+        for bind in spec.bind
+    ]
+    hashing = ExchangeSpec(
+        exchange, "x-consistent-hash", arguments={"hash-header": spec.partition_key}
+    )
+    return hashing, bindings
+
+
 def expand(
     topology: Topology, *, via: Via = "policy", broker_version: tuple[int, int, int] = (3, 10, 0)
+) -> DesiredState:
+    """The concrete objects for ``topology`` on a broker of ``broker_version`` (``_expand_file``
+    plus the delay ladder if a queue has a ``delay``)."""
+    state = _expand_file(topology, via, broker_version)
+    return _with_ladder(state, delay_targets(topology))
+
+
+def _expand_file(
+    topology: Topology, via: Via, broker_version: tuple[int, int, int]
 ) -> DesiredState:
     """The concrete objects for ``topology`` on a broker of ``broker_version``.
 
     Version matters for parking queues: quorum queues get a default delivery limit of 20 from
     4.0, so parking sets ``delivery-limit: -1`` there; 3.x rejects -1 and has no default.
+
+    A work queue with lanes becomes itself plus one work queue per lane (each with its own wait
+    queues, not bound to the file's exchanges); a partitioned one becomes N single-active-
+    consumer work queues behind a consistent-hash exchange (the name itself is no queue). All
+    of them dead-letter to the work queue's one parking queue. A queue with a ``delay`` brings
+    in the default delay ladder (rmqkit.topology.ladder).
     """
     model = topology.model
     exchanges = [
@@ -203,34 +283,11 @@ def expand(
     seen_parking: set[str] = set()
     for name, spec in model.queues.items():
         parking = topology.parking_name(name)
-        work_settings: dict[str, Any] = {
-            "dead-letter-exchange": "",
-            "dead-letter-routing-key": parking,
-            "dead-letter-strategy": "at-least-once",
-            "overflow": "reject-publish",
-            "delivery-limit": spec.delivery_limit,
-        }
-        if spec.max_length is not None:
-            work_settings["max-length"] = spec.max_length
-        if spec.max_length_bytes is not None:
-            work_settings["max-length-bytes"] = spec.max_length_bytes
-        if spec.retention is not None:
-            # Queue-level TTL: it counts from when a message entered this queue, so a retry
-            # coming back from a wait queue starts a new window, and dead-lettering strips any
-            # per-message expiration (kept as x-death original-expiration): no retry is
-            # expired for time it spent elsewhere. Expired → DLX above → parking, at-least-once.
-            work_settings["message-ttl"] = spec.retention
-        queues.append(QueueSpec(name, "work", name, work_settings))
-        for tier_index, slots in enumerate(wait_queue_names(topology, name)):
-            for wait_name, ttl in slots:
-                wait_settings: dict[str, Any] = {
-                    "message-ttl": ttl,
-                    "dead-letter-exchange": "",
-                    "dead-letter-routing-key": name,
-                    "dead-letter-strategy": "at-least-once",
-                    "overflow": "reject-publish",
-                }
-                queues.append(QueueSpec(wait_name, "wait", name, wait_settings, ttl, tier_index))
+        members = [name] if not spec.partitions else []
+        members += [lane.queue for lane in topology.lanes_of(name)]
+        members += topology.partitions_of(name)
+        for member in members:
+            queues.extend(_work_queue_family(topology, member))
         if parking not in seen_parking:
             seen_parking.add(parking)
             # reject-publish: should anyone bound parking later, producers get a nack
@@ -239,21 +296,15 @@ def expand(
             if broker_version >= (4, 0, 0):
                 parking_settings["delivery-limit"] = -1
             queues.append(QueueSpec(parking, "parking", name, parking_settings))
+        if spec.partitions:
+            hashing, hash_bindings = _partition_objects(topology, name)
+            exchanges.append(hashing)
+            bindings.extend(hash_bindings)
+            continue
         for bind in spec.bind:
             bindings.append(
                 BindingSpec(bind.exchange, name, "queue", bind.routing_key, dict(bind.arguments))
             )
-    summaries = [
-        WorkQueueSummary(
-            name=name,
-            retry_delays_ms=tuple(spec.retry_delays),
-            default_retries="retry_delays" not in spec.model_fields_set,
-            max_attempts=spec.max_attempts,
-            retention_ms=spec.retention,
-            parking=topology.parking_name(name),
-        )
-        for name, spec in model.queues.items()
-    ]
     for binding in model.bindings:
         bindings.append(
             BindingSpec(
@@ -279,7 +330,29 @@ def expand(
         policies=policies,
         via=via,
         policy_priority=model.policy_priority,
-        work_queues=summaries,
+        work_queues=[summarize(topology, name) for name in model.queues],
+    )
+
+
+def _with_ladder(state: DesiredState, targets: list[tuple[str, str]]) -> DesiredState:
+    """``state`` plus the default delay ladder and its exits to ``targets`` (none: unchanged).
+    The ladder's own objects first, so its exchanges exist before the exits are bound."""
+    if not targets:
+        return state
+    ladder = default_ladder()
+    objects = ladder.objects(targets)
+    exchanges = [ExchangeSpec(e.name, "headers", internal=e.internal) for e in objects.exchanges]
+    bindings = [
+        BindingSpec(b.source, b.destination, b.destination_type, "", b.arguments, text=b.label)
+        for b in objects.bindings
+    ]
+    return replace(
+        state,
+        exchanges=[*state.exchanges, *exchanges],
+        bindings=[*state.bindings, *bindings],
+        fixed_queues=[FixedQueueSpec(q.name, q.arguments) for q in objects.queues],
+        ladder=ladder.base,
+        ladder_targets=list(targets),
     )
 
 
@@ -295,11 +368,15 @@ def expand_all(
     queue lanes share); otherwise the files disagree and neither can be applied: TopologyFileError
     naming both files. ``policy_priority`` is the first file's; each policy keeps its own file's.
     """
-    states = [(t.source, expand(t, via=via, broker_version=broker_version)) for t in topologies]
-    if not states:
+    if not topologies:
         raise ValueError("expand_all needs at least one topology")
-    if len(states) == 1:
-        return states[0][1]
+    if len(topologies) == 1:
+        return expand(topologies[0], via=via, broker_version=broker_version)
+    states = [(t.source, _expand_file(t, via, broker_version)) for t in topologies]
+    # one ladder for the vhost, with the exits every file needs
+    targets: list[tuple[str, str]] = []
+    for topology in topologies:
+        targets += [t for t in delay_targets(topology) if t not in targets]
     exchanges: dict[str, tuple[str, ExchangeSpec]] = {}
     queues: dict[str, tuple[str, QueueSpec]] = {}
     policies: dict[str, tuple[str, PolicySpec]] = {}
@@ -310,13 +387,13 @@ def expand_all(
         for queue in state.queues:
             # Lanes of two files may share one parking queue: its settings must agree, the
             # work queue it was first expanded for does not matter.
-            same = (queue.role, queue.settings, queue.delay_ms)
+            same = (queue.role, queue.settings, queue.delay_ms, queue.single_active_consumer)
             _keep_one(queues, queue.name, source, queue, same, "queue")
         for policy in state.policies:
             _keep_one(policies, policy.name, source, policy, policy.definition, "policy")
         bindings.extend(b for b in state.bindings if b not in bindings)
     first = states[0][1]
-    return DesiredState(
+    merged = DesiredState(
         exchanges=[spec for _, spec in exchanges.values()],
         queues=[spec for _, spec in queues.values()],
         bindings=bindings,
@@ -325,6 +402,7 @@ def expand_all(
         policy_priority=first.policy_priority,
         work_queues=[w for _, state in states for w in state.work_queues],
     )
+    return _with_ladder(merged, targets)
 
 
 def _keep_one(
@@ -337,7 +415,7 @@ def _keep_one(
     first_source, first = seen[name]
     first_same: Any
     if kind == "queue":
-        first_same = (first.role, first.settings, first.delay_ms)
+        first_same = (first.role, first.settings, first.delay_ms, first.single_active_consumer)
     elif kind == "policy":
         first_same = first.definition
     else:

@@ -31,7 +31,7 @@ def export_definitions(
                 "auto_delete": False,
                 "arguments": q.arguments(via),
             }
-            for q in desired.queues
+            for q in desired.all_queues()
         ],
         "exchanges": [
             {

@@ -6,6 +6,7 @@ unit-testable; ``read_live_state`` is the only I/O here.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,13 +28,17 @@ from rmqkit.topology.expand import (
     BindingSpec,
     DesiredState,
     ExchangeSpec,
+    FixedQueueSpec,
     PolicySpec,
     QueueSpec,
     policy_name,
 )
+from rmqkit.topology.flow import PARTITION_EXCHANGE_SUFFIX
 
 Action = Literal["create", "change", "in-sync", "conflict", "orphan"]
 Kind = Literal["exchange", "queue", "policy", "binding"]
+# Exchange types that come with a plugin: a missing one is named in the conflict's fix.
+PLUGINS = {"x-consistent-hash": "rabbitmq_consistent_hash_exchange"}
 # Without the broker's version (a LiveState built by hand), plan assumes expand's default.
 DEFAULT_VERSION: Version = (3, 10, 0)
 
@@ -49,6 +54,8 @@ class LiveState:
     operator_policies: list[dict[str, Any]] = field(default_factory=list)
     # The broker's version (``/api/overview``): the delivery-limit rules differ on 4.x.
     version: Version = DEFAULT_VERSION
+    # The exchange types the broker offers (``/api/overview``); None: not known (not checked).
+    exchange_types: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,19 @@ def _fmt(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _exchange_change(spec: ExchangeSpec, live: dict[str, Any] | None) -> Change:
+def _exchange_change(
+    spec: ExchangeSpec, live: dict[str, Any] | None, types: frozenset[str] | None = None
+) -> Change:
+    if live is None and types is not None and spec.type not in types:
+        plugin = PLUGINS.get(spec.type)
+        return Change(
+            "exchange",
+            spec.name,
+            "conflict",
+            f"exchange type {spec.type} is not available on this broker"
+            + (f" (plugin {plugin} is not enabled)" if plugin else ""),
+            f"rabbitmq-plugins enable {plugin}" if plugin else "use a type the broker offers",
+        )
     if live is None:
         return Change("exchange", spec.name, "create", f"type {spec.type}")
     diffs = []
@@ -179,6 +198,9 @@ def _queue_changes(
                     "rename the queue in the file",
                 )
             ]
+        sac = _sac_conflict(spec, live_args)
+        if sac is not None:
+            return [sac]
         if desired.via == "arguments":
             want_args = spec.arguments("arguments")
             keys = sorted(set(want_args) | {k for k in live_args if k[2:] in MANAGED_KEYS})
@@ -259,6 +281,45 @@ def _queue_changes(
     return changes
 
 
+def _sac_conflict(spec: QueueSpec, live_args: dict[str, Any]) -> Change | None:
+    """x-single-active-consumer is set at declaration only: a queue that has it otherwise than
+    the file says cannot be fixed by declare."""
+    have = bool(live_args.get("x-single-active-consumer", False))
+    if have == spec.single_active_consumer:
+        return None
+    return Change(
+        "queue",
+        spec.name,
+        "conflict",
+        f"x-single-active-consumer is {have} on the broker, {spec.single_active_consumer} in "
+        "the file; it is fixed when a queue is declared",
+        "move its messages elsewhere (shovel) and delete the queue so declare can create it "
+        "again, or make the file match the broker",
+    )
+
+
+def _fixed_queue_change(spec: FixedQueueSpec, live: dict[str, Any] | None) -> Change:
+    """A delay ladder rung: its x-arguments must be exactly the ladder's."""
+    if live is None:
+        return Change("queue", spec.name, "create", "delay ladder rung")
+    have = dict(live.get("arguments") or {})
+    want = spec.arguments("arguments")
+    diffs = [
+        f"{k} is {_fmt(have.get(k))} on the broker, {_fmt(want.get(k))} for the ladder"
+        for k in sorted(set(have) | set(want))
+        if have.get(k) != want.get(k)
+    ]
+    if not diffs:
+        return Change("queue", spec.name, "in-sync")
+    return Change(
+        "queue",
+        spec.name,
+        "conflict",
+        "; ".join(diffs) + " (redeclaring fails with 406 PRECONDITION_FAILED)",
+        "a rung's x-arguments are fixed: wait until it is empty, delete it and declare again",
+    )
+
+
 def _policy_change(spec: PolicySpec, live: dict[str, Any] | None) -> Change:
     if live is None:
         return Change("policy", spec.name, "create", _fmt_def(spec.definition))
@@ -291,11 +352,15 @@ def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: 
     changes: list[Change] = []
     exchange_names = set(live.exchanges) | {e.name for e in desired.exchanges}
     for exchange in desired.exchanges:
-        changes.append(_exchange_change(exchange, live.exchanges.get(exchange.name)))
+        changes.append(
+            _exchange_change(exchange, live.exchanges.get(exchange.name), live.exchange_types)
+        )
     for policy in desired.policies:
         changes.append(_policy_change(policy, live.policies.get(policy.name)))
     for queue in desired.queues:
         changes.extend(_queue_changes(queue, desired, live, exchange_names))
+    for fixed in desired.fixed_queues:
+        changes.append(_fixed_queue_change(fixed, live.queues.get(fixed.name)))
     have_bindings = {
         _binding_key(
             b.get("source", ""),
@@ -320,9 +385,38 @@ def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: 
     return Plan(source=source, vhost=vhost, desired=desired, changes=changes)
 
 
-def _family_owner(name: str, work_queues: set[str]) -> str | None:
-    """The file's work queue whose wait queue ``name`` is (``W.wait.…``), if any."""
-    return next((w for w in sorted(work_queues) if name.startswith(w + ".wait.")), None)
+def _family_owner(name: str, roots: set[str]) -> str | None:
+    """The file's work queue whose derived queue ``name`` is, by its name alone: a wait queue
+    (``W.wait.…``), a lane (``W.lane.L``, ``W.lane.L.wait.…``) or a partition (``W.pN``,
+    ``W.pN.wait.…``) of a work queue ``W`` of the file (``roots``), if any."""
+    for root in sorted(roots, key=len, reverse=True):
+        rest = name[len(root) :] if name.startswith(root + ".") else None
+        if rest is None:
+            continue
+        if rest.startswith((".wait.", ".lane.")) or re.fullmatch(r"\.p\d+(\.wait\..+)?", rest):
+            return root
+    return None
+
+
+def _family_member(target: str, root: str) -> bool:
+    """``target`` is ``root`` itself or one of its lanes or partitions (a queue that a wait
+    queue of ``root``'s family returns messages to)."""
+    return (
+        target == root
+        or re.fullmatch(re.escape(root) + r"\.(lane\.[^.]+|p\d+)", target) is not None
+    )
+
+
+def _dead_letters_home(settings: dict[str, Any], root: str, parkings: set[str]) -> bool:
+    """Whether a queue that dead-letters with ``settings`` (its managed settings, or a policy
+    definition) belongs to ``root``'s family: a wait queue returns to a member, a lane or
+    partition parks in ``root``'s parking queue. Without dead-letter settings the name decides.
+    A work queue of another file named like a derived queue (``orders.wait.list`` beside
+    ``orders``) dead-letters into its own parking queue: not ours."""
+    target = settings.get("dead-letter-routing-key")
+    if not isinstance(target, str):
+        return True
+    return _family_member(target, root) or target in parkings
 
 
 def _orphans(desired: DesiredState, live: LiveState, vhost: str) -> list[Change]:
@@ -330,49 +424,81 @@ def _orphans(desired: DesiredState, live: LiveState, vhost: str) -> list[Change]
     messages, and a wait queue without its policy would keep them forever). Their fixes name
     the vhost (``-p``) and quote for the shell, so they can be pasted as they are.
 
-    Ownership follows the names rmqkit derives: a file owns its work queues and their wait
-    queues (``W.wait.…``), and the policies ``rmqkit.<those>``. An object derived from another
-    work queue belongs to whichever topology declares that work queue (another file in the same
-    vhost), so it is never this file's orphan. The name is the marker: it needs nothing added
-    to a queue (x-arguments cannot change on a live queue) and works with ``--via arguments``.
+    Ownership follows the names rmqkit derives: a file owns its work queues and the queues
+    derived from them — wait queues (``W.wait.…``), lanes (``W.lane.L``) and partitions
+    (``W.pN``) with their wait queues, the partition exchange ``W.partition`` — and the
+    policies ``rmqkit.<those>``. An object derived from another work queue belongs to whichever
+    topology declares that work queue (another file in the same vhost), so it is never this
+    file's orphan; nor is a queue whose dead-lettering leads out of ``W``'s family (another
+    file's work queue that merely starts with ``W.wait.``). The name is the marker: it needs
+    nothing added to a queue (x-arguments cannot change on a live queue) and works with
+    ``--via arguments``.
     """
     where = f"-p {shlex.quote(vhost or '/')}"
-    wanted_queues = {q.name for q in desired.queues}
+    wanted_queues = {q.name for q in desired.queues} | {q.name for q in desired.fixed_queues}
     wanted_policies = {p.name for p in desired.policies}
-    work_queues = {q.name for q in desired.queues if q.role == "work"}
+    roots = {w.name for w in desired.work_queues}
+    parkings: dict[str, set[str]] = {}
+    for w in desired.work_queues:
+        parkings.setdefault(w.name, set()).add(w.parking)
     out: list[Change] = []
     for name, queue in sorted(live.queues.items()):
-        owner = _family_owner(name, work_queues)
-        if owner and name not in wanted_queues:
+        owner = _family_owner(name, roots)
+        if not owner or name in wanted_queues:
+            continue
+        if not _dead_letters_home(queue_settings(live, name), owner, parkings[owner]):
+            continue
+        out.append(
+            Change(
+                "queue",
+                name,
+                "orphan",
+                f"no longer in the file; left in place with {queue.get('messages', 0)} "
+                f"message(s), which still return to {owner}",
+                f"delete it once empty: rabbitmqctl delete_queue {where} {shlex.quote(name)}",
+            )
+        )
+    wanted_exchanges = {e.name for e in desired.exchanges}
+    for name, exchange in sorted(live.exchanges.items()):
+        owner = name.removesuffix(PARTITION_EXCHANGE_SUFFIX)
+        if (
+            owner in roots
+            and name != owner
+            and name not in wanted_exchanges
+            and exchange.get("type") == "x-consistent-hash"
+        ):
             out.append(
                 Change(
-                    "queue",
+                    "exchange",
                     name,
                     "orphan",
-                    f"no longer in the file; left in place with {queue.get('messages', 0)} "
-                    f"message(s), which still return to {owner}",
-                    f"delete it once empty: rabbitmqctl delete_queue {where} {shlex.quote(name)}",
+                    f"no longer in the file ({owner} is not partitioned now); messages "
+                    "published to it still go to the partitions it is bound to",
+                    "delete it once nothing publishes to it: rabbitmqadmin "
+                    f"--vhost={shlex.quote(vhost or '/')} delete exchange "
+                    f"name={shlex.quote(name)}",
                 )
             )
     if desired.via == "policy":
         for name in sorted(live.policies):
             governed = name.removeprefix(POLICY_PREFIX)
-            if (
-                name.startswith(POLICY_PREFIX)
-                and name not in wanted_policies
-                and _family_owner(governed, work_queues) is not None
-            ):
-                out.append(
-                    Change(
-                        "policy",
-                        name,
-                        "orphan",
-                        "no longer in the file; left in place so the queue it governs keeps "
-                        "its TTL and dead-letter wiring",
-                        f"delete it after its queue: rabbitmqctl clear_policy {where} "
-                        f"{shlex.quote(name)}",
-                    )
+            owner = _family_owner(governed, roots)
+            if not name.startswith(POLICY_PREFIX) or name in wanted_policies or owner is None:
+                continue
+            definition = dict(live.policies[name].get("definition") or {})
+            if not _dead_letters_home(definition, owner, parkings[owner]):
+                continue
+            out.append(
+                Change(
+                    "policy",
+                    name,
+                    "orphan",
+                    "no longer in the file; left in place so the queue it governs keeps "
+                    "its TTL and dead-letter wiring",
+                    f"delete it after its queue: rabbitmqctl clear_policy {where} "
+                    f"{shlex.quote(name)}",
                 )
+            )
     return out
 
 
@@ -391,6 +517,10 @@ async def read_live_state(api: ManagementClient) -> LiveState:
         policies={p["name"]: p for p in policies},
         operator_policies=operator,
         version=parse_version(str(overview.get("rabbitmq_version") or "0.0.0")),
+        exchange_types=frozenset(
+            str(t.get("name")) for t in overview.get("exchange_types") or [] if t.get("name")
+        )
+        or None,
     )
 
 
