@@ -12,14 +12,14 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from rmqkit.broker.amqp import map_channel_error
 from rmqkit.broker.blocking import BlockWatch, describe
 from rmqkit.broker.codec import Properties
-from rmqkit.broker.session import ConfirmedPublisher, Outcome, open_session
+from rmqkit.broker.session import ConfirmedPublisher, Outcome, Session, open_session
 from rmqkit.errors import BrokerUnavailable, DataError, RmqkitError
 from rmqkit.settings import Settings
 
@@ -36,6 +36,7 @@ class OutgoingMessage:
     message_id: str
     headers: dict[str, Any] | None = None
     routing_key: str | None = None  # None: the publish call's routing key
+    exchange: str | None = None  # None: the publish call's exchange (a lane or delay sets it)
     content_type: str | None = None
     correlation_id: str | None = None
     message_type: str | None = None
@@ -276,6 +277,7 @@ async def publish_messages(
     notice: Notice | None = None,
     notice_every_s: float = 10.0,
     timeout_s: float | None = None,
+    prepare: Callable[[Session], Awaitable[None]] | None = None,
 ) -> PublishReport:
     """Publish ``messages`` persistent, ``mandatory``, with confirms, ``window`` in flight.
 
@@ -291,12 +293,18 @@ async def publish_messages(
     and when the block ends. ``timeout_s``: give up when the broker has confirmed nothing for
     that long while messages wait for it (blocked, or a queue without a leader) — a
     BrokerUnavailable (69) saying exactly which messages were confirmed.
+
+    ``prepare``: awaited on the session before the first publish (``rmqkit publish --delay``
+    declares the delay ladder and its exits there). A message's own ``exchange`` (a lane, the
+    ladder's entry) overrides ``exchange``.
     """
     report = PublishReport()
     tracker = _Tracker()
     amqp = await open_session(settings, name=f"rmqkit publish {exchange or '(default)'}")
     try:
         await amqp.require_exchange(exchange)
+        if prepare is not None:
+            await prepare(amqp)
         channel = await amqp.channel(confirms=True, window=window)
         publisher = channel.publisher
         slots = asyncio.Semaphore(window)
@@ -502,6 +510,8 @@ async def _send_one(
         app_id=message.app_id,
     )
     key = message.routing_key if message.routing_key is not None else routing_key
+    if message.exchange is not None:
+        exchange = message.exchange
     attempt = 0
     while True:
         try:

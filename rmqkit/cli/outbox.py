@@ -64,10 +64,19 @@ def relay_cmd(
         "--notify/--no-notify",
         help="PostgreSQL: wake on LISTEN/NOTIFY (off: poll only, e.g. behind PgBouncer).",
     ),
+    topology: str | None = typer.Option(
+        None,
+        "--topology",
+        help="Topology file: each row goes to its work queue's lane and gets the queue's "
+        "default delay (rows with delay= are delayed with or without it).",
+    ),
 ) -> None:
     """Publish pending outbox rows with confirms, then mark them published (runs until SIGTERM,
     which finishes the batch in flight). Exit codes: 0 ok, 3 rows left pending (--once),
-    69 broker or database unreachable, 78 bad DSN or no table."""
+    69 broker or database unreachable, 78 bad DSN or no table.
+
+    A row written with delay= goes through the delay ladder (declared on first use), the time it
+    spent in the table deducted; --topology adds lanes and work queues' default delays."""
     if order not in ("strict", "pipelined"):
         raise UsageError(f"--order: {order!r} is not strict or pipelined")
     try:
@@ -84,6 +93,7 @@ def relay_cmd(
         lease_s=seconds(lease, "--lease"),
         pipelined=order == "pipelined",
         listen=notify,
+        topology=topology,
     )
     report = run_async(run_relay(settings_from(ctx), options))
     left = f"; left pending {report.left_pending}" if once else ""

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from
 from rmqkit.cli.render import stderr
+from rmqkit.durations import format_duration_ms, parse_duration_ms
 from rmqkit.errors import BrokerUnavailable, DataError, UsageError
 from rmqkit.publish import (
     IdSource,
@@ -20,6 +24,11 @@ from rmqkit.publish import (
     messages_from_ndjson,
     publish_messages,
 )
+from rmqkit.settings import Settings
+
+if TYPE_CHECKING:
+    from rmqkit.broker.session import Session
+    from rmqkit.outbox.edge import Edge, Encryptor, Routed
 
 ID_FROM_OPT = typer.Option(
     None,
@@ -73,6 +82,19 @@ def publish(
         help="While the broker blocks publishing (memory or disk alarm), repeat the notice on "
         "stderr this often (it is printed at once when the block begins).",
     ),
+    topology: Path | None = typer.Option(
+        None,
+        "--topology",
+        help="Topology file: each message goes to its work queue's lane, gets the queue's "
+        "default delay, and its sensitive fields are encrypted where the queue says "
+        "encrypt = true (key ring from RMQKIT_KEYRING_FILE / RMQKIT_KEYRING).",
+    ),
+    delay: str | None = typer.Option(
+        None,
+        "--delay",
+        help="Deliver each message this long from now (90s, 5m, 2h; 0s: no delay, even where "
+        "the topology gives the queue a default) through the delay ladder (docs/delay.md).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Publish persistent messages with publisher confirms and `mandatory`, each with a stable
@@ -86,8 +108,15 @@ def publish(
     A message without an explicit id (--message-id, an NDJSON record's message_id) or --id-from
     gets one derived from the exchange, routing key, its position (line number, or --body index)
     and body: the same input published again gets the same ids, so after a lost connection a
-    rerun's duplicates can be recognised."""
+    rerun's duplicates can be recognised.
+
+    --delay / --topology: the message is published to its lane queue (default exchange) or,
+    delayed, to the delay ladder's entry, which is declared first; every message is prepared
+    (encrypted, routed) before the first is published, so a delay beyond the ladder's maximum, a
+    body that is not JSON where fields must be encrypted (65) or a missing key ring (78) publish
+    nothing."""
     settings = settings_from(ctx)
+    delay_ms = _delay_option(delay)
     timeout_s = seconds_option(timeout, "--timeout")
     notice_every_s = seconds(blocked_every, "--blocked-every")
     headers: dict[str, object] = {}
@@ -123,6 +152,14 @@ def publish(
         )
         if id_from is not None:  # every line's id is checked before anything is published
             messages = list(messages)
+    edge = _edge(settings, topology, delay_ms)
+    prepare = None
+    if edge is not None:
+        messages, routed = _at_edge(messages, exchange, routing_key, *edge, delay_ms)
+
+        async def prepare(session: Session) -> None:
+            await edge[0].declare(session, routed)
+
     report = run_async(
         publish_messages(
             settings,
@@ -135,6 +172,7 @@ def publish(
             notice=_notice,
             notice_every_s=notice_every_s,
             timeout_s=timeout_s,
+            prepare=prepare,
         )
     )
     if as_json:
@@ -146,6 +184,8 @@ def publish(
             + (f" (after {report.retried} busy retries)" if report.retried else ""),
             highlight=False,
         )
+        if edge is not None:
+            _edge_summary(routed)
     if report.returned:
         raise DataError(
             f"{report.returned} message(s) were unroutable (no queue bound for them) and were "
@@ -163,3 +203,94 @@ def publish(
 def _notice(line: str) -> None:
     """A line about the publish while it runs (a block by the broker): stderr, at once."""
     stderr.print(f"rmqkit publish: {line}", highlight=False, soft_wrap=True)
+
+
+def _delay_option(text: str | None) -> int | None:
+    """--delay in ms (0 for 0s); a bad spelling is a usage error (64)."""
+    if text is None:
+        return None
+    if text.strip() in ("0", "0s", "0ms"):
+        return 0
+    try:
+        return parse_duration_ms(text)
+    except ValueError as exc:
+        raise UsageError(f"--delay: {exc}") from None
+
+
+def _edge(
+    settings: Settings, topology: Path | None, delay_ms: int | None
+) -> tuple[Edge, Encryptor | None] | None:
+    """The Edge (lanes, delays) and the Encryptor of --topology / --delay; None without them.
+    A delay beyond the ladder's maximum: DelayRangeError (65) here, before anything is read."""
+    if topology is None and delay_ms is None:
+        return None
+    from rmqkit.cli.keyring_settings import keyring_of
+    from rmqkit.outbox.edge import Edge, Encryptor
+    from rmqkit.topology import load_topology
+
+    spec = load_topology(topology) if topology is not None else None
+    edge = Edge(spec)
+    if delay_ms:
+        edge.check_delay(delay_ms, "--delay: ")
+    encryptor = None
+    if spec is not None and any(q.encrypt for q in spec.model.queues.values()):
+        encryptor = Encryptor(keyring=keyring_of(settings), topology=spec)
+    return edge, encryptor
+
+
+def _at_edge(
+    messages: Iterable[OutgoingMessage],
+    exchange: str,
+    routing_key: str,
+    edge: Edge,
+    encryptor: Encryptor | None,
+    delay_ms: int | None,
+) -> tuple[list[OutgoingMessage], list[Routed]]:
+    """Every message encrypted and routed (lane, delay ladder), before anything is published.
+    The message_id was derived from the message as given, so a rerun gets the same ids."""
+    out: list[OutgoingMessage] = []
+    routed: list[Routed] = []
+    for number, message in enumerate(messages, start=1):
+        key = message.routing_key if message.routing_key is not None else routing_key
+        try:
+            body = message.body
+            if encryptor is not None:
+                body = encryptor.encrypt(exchange, key, body, message.headers)
+            where = edge.route(
+                exchange,
+                key,
+                message.headers,
+                len(body),
+                delay_ms=delay_ms,
+                expiration=message.expiration,
+            )
+        except DataError as exc:
+            raise DataError(f"message {number} (message_id {message.message_id}): {exc}") from None
+        routed.append(where)
+        out.append(
+            replace(
+                message,
+                body=body,
+                exchange=where.exchange,
+                routing_key=where.routing_key,
+                headers=where.headers,
+            )
+        )
+    return out, routed
+
+
+def _edge_summary(routed: list[Routed]) -> None:
+    """One stderr line: how many went to which lane, how many were delayed and by how much
+    (their confirm means "in the delay ladder", not "delivered")."""
+    parts = [
+        f"{n} to lane {lane}"
+        for lane, n in sorted(Counter(r.lane for r in routed if r.lane).items())
+    ]
+    delayed = [r for r in routed if r.applied_ms]
+    if delayed:
+        low = min(r.applied_ms for r in delayed)
+        high = max(r.applied_ms for r in delayed)
+        span = format_duration_ms(low) + ("" if low == high else f"-{format_duration_ms(high)}")
+        parts.append(f"{len(delayed)} delayed by {span} (in the delay ladder until then)")
+    if parts:
+        stderr.print("; ".join(parts), highlight=False)

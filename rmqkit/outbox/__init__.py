@@ -12,12 +12,18 @@ Writing (in the caller's open transaction, never committing)::
     await rmqkit.outbox.add_async(aconn, ...)      # psycopg AsyncConnection
     rmqkit.outbox.add_sqlalchemy(session, ...)     # a SQLAlchemy Session or Connection
 
+Delayed and encrypted rows (docs/outbox.md)::
+
+    enc = rmqkit.outbox.Encryptor.from_env("topology.toml")   # once: key ring + sensitive fields
+    rmqkit.outbox.add(conn, ..., delay="90s", encryptor=enc)  # the row stores ciphertext
+
 Relaying: ``rmqkit outbox init|relay|status --dsn DSN`` (``init``, ``run_relay``,
 ``outbox_status`` here). docs/outbox.md has the schema, the guarantees and the ordering rules.
 """
 
 from __future__ import annotations
 
+from rmqkit.outbox.edge import Edge, Encryptor
 from rmqkit.outbox.relay import Relay, RelayOptions, RelayReport, run_relay
 from rmqkit.outbox.schema import TABLE, ddl, init
 from rmqkit.outbox.status import OutboxStatus, outbox_status
@@ -25,6 +31,8 @@ from rmqkit.outbox.write import add, add_async, add_sqlalchemy, encode_body
 
 __all__ = [
     "TABLE",
+    "Edge",
+    "Encryptor",
     "OutboxStatus",
     "Relay",
     "RelayOptions",

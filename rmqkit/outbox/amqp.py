@@ -55,16 +55,35 @@ class Row:
     content_type: str | None
     aggregate: str | None
     attempts: int
+    delay_ms: int | None = None  # add(delay=...): None = the work queue's default, if any
+    age_ms: float = 0.0  # how long the row has waited in the table (deducted from the delay)
+    routing_problem: str | None = None  # set by the relay's Edge: why it cannot be routed
 
     @classmethod
     def of(cls, values: Sequence[Any]) -> Row:
-        """A row from the claim query's columns (``queries.ROW_COLUMNS``)."""
-        i, mid, exchange, key, body, headers, ctype, aggregate, attempts = values
-        return cls(int(i), mid, exchange, key, bytes(body), headers, ctype, aggregate, attempts)
+        """A row from the claim query's columns (``queries.ROW_COLUMNS`` and the age)."""
+        i, mid, exchange, key, body, headers, ctype, aggregate, attempts, delay, age = values
+        delay_ms = None if delay is None else int(delay)
+        return cls(
+            int(i),
+            mid,
+            exchange,
+            key,
+            bytes(body),
+            headers,
+            ctype,
+            aggregate,
+            attempts,
+            delay_ms,
+            float(age or 0.0),
+        )
 
     @property
     def problem(self) -> str | None:
-        """Why the AMQP wire cannot carry this row (it was not written by ``add``); or None."""
+        """Why the AMQP wire cannot carry this row (it was not written by ``add``), or why it
+        cannot be routed (a delay beyond the ladder's maximum ...); or None."""
+        if self.routing_problem is not None:
+            return self.routing_problem
         return wire_problem(self.exchange, self.routing_key, self.message_id, self.content_type)
 
 
@@ -97,6 +116,13 @@ class Broker:
                 lambda line: log.warning("outbox relay: %s", line), every_s=10.0
             )
         )
+
+    @property
+    def session(self) -> Session:
+        """The open session (the relay declares the delay ladder on it)."""
+        if self._session is None:
+            raise BrokerUnavailable("the broker connection was lost")
+        return self._session
 
     @property
     def lost(self) -> bool:

@@ -41,7 +41,11 @@ ROW_COLUMNS: Final = (
     "content_type",
     "aggregate",
     "attempts",
+    "delay_ms",
 )
+# After ROW_COLUMNS in every claim: how long the row has waited, in ms (the relay deducts it
+# from the row's delay).
+AGE_MS: Final = "({now} - o.created_at) * 1000.0"
 AGGREGATE_LOCK_SPACE: Final = 727002  # first key of the two-key advisory locks
 RETENTION_CHUNK: Final = 500  # rows per retention DELETE: short transactions, small WAL bursts
 FAILING_SHOWN: Final = 20
@@ -66,13 +70,19 @@ class Queries:
     published_since: str  # params: seconds
     pending_before: str  # params: max id -> count
     max_id: str
+    has_delay: str  # fails on a table without the delay_ms column
     lease: str  # params: holder, seconds
     release: str  # params: holder
 
 
-def queries_for(dialect: Dialect) -> Queries:
-    """Build the queries of ``dialect``."""
+def queries_for(dialect: Dialect, *, delay_column: bool = True) -> Queries:
+    """Build the queries of ``dialect``. ``delay_column``: the table has ``delay_ms`` (one
+    created before delays existed reads NULL until ``rmqkit outbox init`` adds it)."""
     now = dialect.now
+    selected = ", ".join(
+        "o." + c if c != "delay_ms" or delay_column else "NULL" for c in ROW_COLUMNS
+    )
+    selected += ", " + AGE_MS.format(now=now)
     pg = dialect.name == "postgresql"
 
     def claim(due: str, *, reclaim: bool = False) -> str:
@@ -87,7 +97,7 @@ def queries_for(dialect: Dialect) -> Queries:
         if reclaim:  # params: ..., the free rows' ids, the aggregates locked, limit
             lock = " AND ((o.aggregate IS NULL AND o.id = ANY(?)) OR o.aggregate = ANY(?))"
         return dialect.q(
-            f"SELECT {', '.join('o.' + c for c in ROW_COLUMNS)} FROM {TABLE} o "
+            f"SELECT {selected} FROM {TABLE} o "
             f"WHERE o.published_at IS NULL AND ({ready}) AND (o.aggregate IS NULL OR NOT EXISTS "
             f"(SELECT 1 FROM {TABLE} e WHERE e.aggregate = o.aggregate AND e.published_at IS NULL"
             f" AND e.last_error IS NOT NULL AND e.id < o.id AND NOT ({blocked}))){lock} "
@@ -132,6 +142,7 @@ def queries_for(dialect: Dialect) -> Queries:
             f"SELECT count(*) FROM {TABLE} WHERE published_at IS NULL AND id <= ?"
         ),
         max_id=f"SELECT coalesce(max(id), 0) FROM {TABLE}",
+        has_delay=f"SELECT delay_ms FROM {TABLE} WHERE 1 = 0",
         lease=dialect.q(
             f"INSERT INTO {LEASE_TABLE} (name, holder, expires_at) VALUES ('relay', ?, {now} + ?)"
             " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -28,13 +29,14 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
 from rmqkit.broker.session import CONNECTION_ERRORS, Outcome
-from rmqkit.errors import BrokerUnavailable, ConfigError, RmqkitError
+from rmqkit.errors import BrokerUnavailable, ConfigError, DataError, RmqkitError
 from rmqkit.outbox.amqp import Broker, Row
+from rmqkit.outbox.edge import Edge, Routed
 from rmqkit.outbox.metrics import RelayMetrics
 from rmqkit.outbox.queries import RETENTION_CHUNK, ids_in, queries_for
 from rmqkit.outbox.schema import CHANNEL, TABLE
@@ -65,6 +67,7 @@ class RelayOptions:
     lease_s: float = 30.0  # SQLite: how long a relay's lease outlives its last renewal
     listen: bool = True  # PostgreSQL: LISTEN for commits (off: poll only, e.g. behind PgBouncer)
     pipelined: bool = False  # --order pipelined: a batch's rows of one aggregate in one round trip
+    topology: str | None = None  # --topology: lanes and default delays (docs/outbox.md)
 
 
 @dataclass
@@ -92,6 +95,9 @@ class Relay:
         self.options = options
         self.store = Store(options.dsn)
         self.sql = queries_for(self.store.dialect)
+        # Rows with a delay go through the ladder with or without a topology; the topology adds
+        # lanes and work queues' default delays (a default beyond the ladder: 65 at start).
+        self.edge = Edge(options.topology)
         self.pg = self.store.dialect.name == "postgresql"
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.broker = Broker(settings, window=max(options.batch, 1), name="rmqkit outbox relay")
@@ -148,6 +154,17 @@ class Relay:
             await self._fetch(self.sql.max_id)
         except Exception as exc:
             raise self._mapped(exc) from None
+        try:
+            await self._fetch(self.sql.has_delay)
+        except Exception:
+            # A table from before delays: relay it as it is (no row can carry a delay yet);
+            # `rmqkit outbox init` adds the column.
+            log.warning(
+                "outbox relay: table %s has no column delay_ms (created by an older rmqkit): "
+                "rows are relayed without delays; run `rmqkit outbox init` to add it",
+                TABLE,
+            )
+            self.sql = queries_for(self.store.dialect, delay_column=False)
 
     async def _forever(self) -> None:
         delay = 1.0
@@ -245,6 +262,7 @@ class Relay:
             rows = [Row.of(v) for v in found]
             if not rows:
                 return 0
+            rows = await self._route(rows)
             log.debug("claimed %d rows, ids %d..%d", len(rows), rows[0].id, rows[-1].id)
             renewing = None if self.pg else asyncio.create_task(self._keep_lease())
             try:
@@ -262,6 +280,45 @@ class Relay:
         if self.broker.lost:
             raise BrokerUnavailable("the broker connection was lost during a batch")
         return len(rows)
+
+    async def _route(self, rows: list[Row]) -> list[Row]:
+        """The rows as they are published: to their lane, through the delay ladder (declared
+        first, once per process); a row that cannot be routed gets its ``routing_problem``."""
+        if self.edge.topology is None and all(row.delay_ms is None for row in rows):
+            return rows
+        out: list[Row] = []
+        delayed: list[tuple[int, Routed]] = []
+        for row in rows:
+            try:
+                headers = json.loads(row.headers) if row.headers else None
+                routed = self.edge.route(
+                    row.exchange,
+                    row.routing_key,
+                    headers,
+                    len(row.body),
+                    delay_ms=row.delay_ms,
+                    waited_ms=row.age_ms,
+                )
+            except (DataError, ValueError) as exc:
+                out.append(replace(row, routing_problem=str(exc)))
+                continue
+            if routed.target is not None:
+                delayed.append((len(out), routed))
+            out.append(
+                replace(
+                    row,
+                    exchange=routed.exchange,
+                    routing_key=routed.routing_key,
+                    headers=None if routed.headers is None else json.dumps(routed.headers),
+                )
+            )
+        if delayed:
+            try:
+                await self.edge.declare(self.broker.session, (r for _, r in delayed))
+            except DataError as exc:  # a target exchange missing, a ladder conflict: retry later
+                for i, _ in delayed:
+                    out[i] = replace(out[i], routing_problem=f"delay ladder: {exc}")
+        return out
 
     async def _mark(self, rows: Sequence[Row], outcomes: Sequence[Outcome | str | None]) -> None:
         """Confirmed rows published; failed rows back off; rows not sent (None) untouched."""

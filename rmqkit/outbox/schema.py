@@ -7,7 +7,7 @@ delete cheap however many published rows the table holds.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from rmqkit.store import Dialect, Dsn, connect, transaction
 
@@ -34,7 +34,8 @@ def ddl(dialect: Dialect) -> list[str]:
     next_attempt_at {dialect.float_type} NOT NULL DEFAULT 0,
     last_attempt_at {dialect.float_type},
     last_error TEXT,
-    published_at {dialect.float_type}
+    published_at {dialect.float_type},
+    delay_ms BIGINT
 )""",
         # The dispatch index: pending rows in insertion order (the relay's scan).
         f"CREATE INDEX IF NOT EXISTS {TABLE}_pending ON {TABLE} (id) WHERE published_at IS NULL",
@@ -46,6 +47,10 @@ def ddl(dialect: Dialect) -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {TABLE}_published ON {TABLE} (published_at) "
         "WHERE published_at IS NOT NULL",
     ]
+    if dialect.name == "postgresql":
+        # A table created before rmqkit had delays gains the column (SQLite: ``init`` adds it
+        # after a PRAGMA check, since it has no ADD COLUMN IF NOT EXISTS; see ``migrations``).
+        statements.append(f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS delay_ms BIGINT")
     if dialect.name == "sqlite":
         statements.append(
             f"CREATE TABLE IF NOT EXISTS {LEASE_TABLE} (name TEXT PRIMARY KEY, holder TEXT "
@@ -67,6 +72,21 @@ END $$""",
     return statements
 
 
+ADDED_COLUMNS: Final = (("delay_ms", "BIGINT"),)
+"""Columns added after the table's first release: ``init`` adds them to an existing table;
+teams with their own migrations run ``ALTER TABLE rmqkit_outbox ADD COLUMN delay_ms BIGINT``.
+The relay works without them (rows cannot carry a delay until then)."""
+
+
+def _sqlite_migrations(conn: Any) -> list[str]:
+    have = {row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})").fetchall()}
+    return [
+        f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}"
+        for name, kind in ADDED_COLUMNS
+        if name not in have
+    ]
+
+
 def init(dsn: str | Dsn) -> list[str]:
     """Create the outbox table, indexes and trigger if missing; returns the statements run."""
     from rmqkit.store import Store
@@ -80,4 +100,9 @@ def init(dsn: str | Dsn) -> list[str]:
             conn.execute("SELECT pg_advisory_xact_lock(727001)")
         for statement in statements:
             conn.execute(statement)
+        if store.dialect.name == "sqlite":
+            added = _sqlite_migrations(conn)
+            for statement in added:
+                conn.execute(statement)
+            statements += added
     return statements

@@ -11,11 +11,19 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final
 
+from rmqkit.delay import DelayRangeError, Ladder
+from rmqkit.durations import parse_duration_ms
 from rmqkit.outbox.schema import TABLE
 from rmqkit.store import AsyncSQLiteConnection, dialect_of
+
+if TYPE_CHECKING:
+    from rmqkit.outbox.edge import Encryptor
+
+Delay = timedelta | str | None
 
 COLUMNS: Final = (
     "message_id",
@@ -92,6 +100,31 @@ def encode_body(body: object) -> tuple[bytes, str | None]:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(), JSON
 
 
+def delay_ms_of(delay: Delay) -> int | None:
+    """``add(delay=...)``: a ``timedelta`` or a duration (``"90s"``) in whole ms; ``"0s"`` or
+    ``timedelta(0)`` is 0 (no delay, even where the work queue has a default one), None is
+    "the queue's default, if any". Beyond the default ladder's maximum (29 h):
+    DelayRangeError (65), nothing written."""
+    if delay is None:
+        return None
+    if isinstance(delay, timedelta):
+        ms = delay / timedelta(milliseconds=1)
+        if ms != int(ms):
+            raise DelayRangeError(f"delay {delay} is not whole milliseconds")
+        ms = int(ms)
+    elif isinstance(delay, str):
+        if delay.strip() in ("0", "0s", "0ms"):
+            return 0
+        try:
+            ms = parse_duration_ms(delay)
+        except ValueError as exc:
+            raise DelayRangeError(f"delay: {exc}") from None
+    else:
+        raise TypeError(f"delay must be a timedelta or a duration like '90s', not {delay!r}")
+    Ladder().units(ms)  # the relay's ladder: refused here rather than failed there forever
+    return ms
+
+
 def row_values(
     *,
     exchange: str,
@@ -101,9 +134,15 @@ def row_values(
     headers: Mapping[str, Any] | None,
     aggregate: str | None,
     content_type: str | None,
-) -> tuple[str, tuple[Any, ...]]:
-    """The message_id and the values of ``COLUMNS`` for one row."""
+    delay: Delay = None,
+    encryptor: Encryptor | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The message_id and the row's values by column (``COLUMNS``, plus ``delay_ms`` when a
+    delay is given: a table created before that column keeps working without delays)."""
     data, implied = encode_body(body)
+    delay_ms = delay_ms_of(delay)
+    if encryptor is not None:  # before the row is written: the table holds ciphertext
+        data = encryptor.encrypt(exchange, routing_key, data, headers)
     mid = message_id or str(uuid.uuid4())
     problem = wire_problem(exchange, routing_key, mid, content_type or implied)
     encoded_headers = None
@@ -112,20 +151,22 @@ def row_values(
         problem = problem or headers_problem(json.loads(encoded_headers))
     if problem is not None:  # refused here rather than retried by the relay forever
         raise ValueError(f"outbox row cannot be published: {problem}")
-    return mid, (
-        mid,
-        exchange,
-        routing_key,
-        data,
-        encoded_headers,
-        content_type or implied,
-        aggregate,
+    values: dict[str, Any] = dict(
+        zip(
+            COLUMNS,
+            (mid, exchange, routing_key, data, encoded_headers, content_type or implied, aggregate),
+            strict=True,
+        )
     )
+    if delay_ms is not None:
+        values["delay_ms"] = delay_ms
+    return mid, values
 
 
-def _insert_sql(placeholder: str) -> str:
-    marks = ", ".join([placeholder] * len(COLUMNS))
-    return f"INSERT INTO {TABLE} ({', '.join(COLUMNS)}) VALUES ({marks})"
+def _insert_sql(placeholder: str, columns: Iterable[str]) -> str:
+    names = list(columns)
+    marks = ", ".join([placeholder] * len(names))
+    return f"INSERT INTO {TABLE} ({', '.join(names)}) VALUES ({marks})"
 
 
 def add(
@@ -138,6 +179,8 @@ def add(
     headers: Mapping[str, Any] | None = None,
     aggregate: str | None = None,
     content_type: str | None = None,
+    delay: Delay = None,
+    encryptor: Encryptor | None = None,
 ) -> str:
     """Write one outbox row on ``conn`` (``sqlite3.Connection`` or ``psycopg.Connection``).
 
@@ -146,6 +189,14 @@ def add(
     ``headers`` must be JSON-serialisable. Never commits. ``ValueError`` (nothing written) for a
     row AMQP cannot carry: an exchange, routing key, message_id or content type over 255 bytes
     of UTF-8, a header name over 128 bytes, a header integer beyond 64 bits.
+
+    ``delay``: ``timedelta`` or ``"90s"``, stored in the row (column ``delay_ms``); the relay
+    publishes the row through the delay ladder, counting the time the row waited in the table
+    (docs/outbox.md "Delays"). ``"0s"`` overrides a work queue's default delay (``relay
+    --topology``). Beyond the ladder's maximum: DelayRangeError (65), nothing written.
+    ``encryptor`` (``rmqkit.outbox.Encryptor``): the body's sensitive fields are encrypted before
+    the row is written, so the table never holds them in plaintext; KeyRingError (78) without a
+    key ring, DataError (65) for a body that is not JSON.
     """
     mid, values = row_values(
         exchange=exchange,
@@ -155,10 +206,12 @@ def add(
         headers=headers,
         aggregate=aggregate,
         content_type=content_type,
+        delay=delay,
+        encryptor=encryptor,
     )
     if isinstance(conn, AsyncSQLiteConnection) or type(conn).__name__ == "AsyncConnection":
         raise TypeError("an asyncio connection: use `await rmqkit.outbox.add_async(conn, ...)`")
-    conn.execute(_insert_sql(dialect_of(conn).placeholder), values)
+    conn.execute(_insert_sql(dialect_of(conn).placeholder, values), tuple(values.values()))
     return mid
 
 
@@ -172,6 +225,8 @@ async def add_async(
     headers: Mapping[str, Any] | None = None,
     aggregate: str | None = None,
     content_type: str | None = None,
+    delay: Delay = None,
+    encryptor: Encryptor | None = None,
 ) -> str:
     """``add`` on a ``psycopg.AsyncConnection`` (or rmqkit's ``AsyncSQLiteConnection``)."""
     mid, values = row_values(
@@ -182,9 +237,11 @@ async def add_async(
         headers=headers,
         aggregate=aggregate,
         content_type=content_type,
+        delay=delay,
+        encryptor=encryptor,
     )
     dialect = dialect_of(conn)
-    await conn.execute(_insert_sql(dialect.placeholder), values)
+    await conn.execute(_insert_sql(dialect.placeholder, values), tuple(values.values()))
     return mid
 
 
@@ -198,6 +255,8 @@ def add_sqlalchemy(
     headers: Mapping[str, Any] | None = None,
     aggregate: str | None = None,
     content_type: str | None = None,
+    delay: Delay = None,
+    encryptor: Encryptor | None = None,
 ) -> str:
     """``add`` through a SQLAlchemy ``Session`` or ``Connection``, in its current transaction.
 
@@ -214,8 +273,10 @@ def add_sqlalchemy(
         headers=headers,
         aggregate=aggregate,
         content_type=content_type,
+        delay=delay,
+        encryptor=encryptor,
     )
-    binds = ", ".join(f":{column}" for column in COLUMNS)
-    statement = text(f"INSERT INTO {TABLE} ({', '.join(COLUMNS)}) VALUES ({binds})")
-    session.execute(statement, dict(zip(COLUMNS, values, strict=True)))
+    binds = ", ".join(f":{column}" for column in values)
+    statement = text(f"INSERT INTO {TABLE} ({', '.join(values)}) VALUES ({binds})")
+    session.execute(statement, values)
     return mid
