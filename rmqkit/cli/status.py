@@ -109,6 +109,14 @@ async def _watch(
 def _warn(report: StatusReport, *, alarms: bool = True) -> None:
     if report.broker_warning:
         stderr.print(f"warning: {report.broker_warning}", highlight=False)
+    for view in report.delayed:
+        if view.stuck:
+            stderr.print(
+                f"warning: {view.stuck} delayed message(s) in {view.name} are due but their "
+                "target did not take them (no exit binding, nothing routes the key, or the "
+                "queue is full): docs/delay.md",
+                highlight=False,
+            )
     if alarms:
         for line in banner_lines(report):
             stderr.print(line, style="bold red", highlight=False)
@@ -155,13 +163,24 @@ def display_rows(report: StatusReport) -> list[list[_Row]]:
     owner: str | None = None
     tiers: dict[str, list[QueueStatus]] = {}
 
+    stuck = {view.name: view.stuck for view in report.delayed}
+
     def flush_tiers() -> None:
         for tier, members in tiers.items():
             slots = len(members) - 1
+            notes = {m.note for m in members if m.note}
+            if members[0].role == "delay":  # a delay ladder: one row, "delayed"
+                label = f"{tier} ({len(members)} rung{'s' if len(members) != 1 else ''})"
+                role = "delayed"
+                if stuck.get(tier):
+                    notes.add(f"{stuck[tier]} due but not accepted by their target")
+            else:
+                label = tier + (f" (+{slots} slot{'s' if slots != 1 else ''})" if slots else "")
+                role = "wait"
             current.append(
                 _Row(
-                    tier + (f" (+{slots} slot{'s' if slots != 1 else ''})" if slots else ""),
-                    "wait",
+                    label,
+                    role,
                     _total([m.ready for m in members]),
                     _total([m.unacked for m in members]),
                     _total([m.consumers for m in members]),
@@ -169,7 +188,7 @@ def display_rows(report: StatusReport) -> list[list[_Row]]:
                     _rate_total([m.deliver_rate for m in members]),
                     _total([m.messages for m in members]),
                     None,
-                    "; ".join(sorted({m.note for m in members if m.note})),
+                    "; ".join(sorted(notes)),
                     *_quorum_cells(members),
                 )
             )
@@ -181,7 +200,7 @@ def display_rows(report: StatusReport) -> list[list[_Row]]:
             if current:
                 sections.append(current)
             current, owner = [], q.owner
-        if q.role == "wait" and q.tier is not None:
+        if q.role in ("wait", "delay") and q.tier is not None:
             tiers.setdefault(q.tier, []).append(q)
             continue
         flush_tiers()
@@ -251,6 +270,8 @@ def status_table(report: StatusReport, every_s: float | None = None) -> Renderab
         title += f" (every {every_s:g}s, Ctrl-C to stop)"
     for line in banner_lines(report):
         title += f"\n[bold red]{escape(line)}[/bold red]"
+    if report.delayed:
+        title += f"\n{delayed_line(report)}"
     table = Table(title=title, title_justify="left")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("queue", "left"),
@@ -294,6 +315,14 @@ def quorum_table(report: StatusReport) -> Table | None:
                 flag = " [bold red]NO MAJORITY[/bold red]" if "NO MAJORITY" in rest else ""
                 table.add_row(row.name, row.leader, online.rstrip(",") + flag, escape(offline))
     return table if table.row_count else None
+
+
+def delayed_line(report: StatusReport) -> str:
+    """``delayed: 5 (sf.work 2, shared 3)``: the messages waiting in delay ladders."""
+    delayed = report.delayed_dict()
+    parts = [f"{v.target or v.name} {v.waiting + v.stuck}" for v in report.delayed]
+    stuck = f", {delayed['stuck']} stuck" if delayed["stuck"] else ""
+    return f"delayed: {delayed['total']}{stuck} ({', '.join(parts)})"
 
 
 def _print_lines(report: StatusReport) -> None:

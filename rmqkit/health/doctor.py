@@ -160,7 +160,7 @@ def idle_growth_candidates(snapshot: Snapshot, roles: dict[str, tuple[Role, str]
         name
         for name, queue in sorted(snapshot.queues.items())
         if not queue.exclusive
-        and roles.get(name, ("other", name))[0] not in ("wait", "parking")
+        and roles.get(name, ("other", name))[0] not in ("wait", "parking", "delay")
         and queue.consumers in (0, None)
     ]
     return names[:MAX_SAMPLED_QUEUES]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Literal
 
 from rmqkit.broker.snapshot import Snapshot
+from rmqkit.health.delayed import ladder_target, rung_names
 
-Role = Literal["work", "wait", "parking", "other"]
+_FLOW_QUEUE = re.compile(r"^(?P<parent>.+)\.(?:lane\.[^.]+|p\d+)$")
+
+Role = Literal["work", "wait", "parking", "delay", "other"]
 
 
 def classify(
@@ -20,8 +25,11 @@ def classify(
     queue dead-letters into a parking queue.
     """
     roles: dict[str, tuple[Role, str]] = {}
+    rungs = rung_names(snapshot)
     targets = {name: snapshot.dead_letter_targets(q) for name, q in snapshot.queues.items()}
-    dl_targets = {t for found in targets.values() for t in (found or [])}
+    # what a ladder's rungs deliver into are its targets (work queues, or plain queues that
+    # dead-letter nowhere), not parking queues
+    dl_targets = {t for name, found in targets.items() if name not in rungs for t in (found or [])}
     parking = {
         name
         for name, q in snapshot.queues.items()
@@ -29,7 +37,10 @@ def classify(
     }
     for name, queue in snapshot.queues.items():
         found = targets[name] or []
-        if name in parking:
+        if name in rungs:
+            base = rungs[name]
+            roles[name] = ("delay", ladder_target(base, snapshot, rungs) or base)
+        elif name in parking:
             roles[name] = ("parking", name)
         elif found and not (set(found) & parking) and "message-ttl" in queue.settings:
             roles[name] = ("wait", found[0])
@@ -45,3 +56,17 @@ def classify(
                     roles[target] = ("parking", name)
     roles.update({name: value for name, value in (known or {}).items() if name in roles})
     return roles
+
+
+def flow_parent(owner: str, roles: dict[str, tuple[Role, str]], queues: Iterable[str]) -> str:
+    """The work queue ``W`` a lane (``W.lane.x``) or partition (``W.pI``) queue serves, for
+    grouping (issue 15): when ``W`` is a work queue or, partitioned (no queue of its own),
+    ``W.parking`` exists. Any other name is returned as it is. (``classify`` itself keeps
+    each lane and partition its own work queue, as a topology's expansion does.)"""
+    match = _FLOW_QUEUE.match(owner)
+    if match is None:
+        return owner
+    parent = match["parent"]
+    if roles.get(parent, ("other", ""))[0] == "work" or f"{parent}.parking" in queues:
+        return parent
+    return owner

@@ -17,16 +17,17 @@ from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.snapshot import QueueView, Snapshot, number, read_snapshot
 from rmqkit.errors import RmqkitError
 from rmqkit.health.alarms import NodeAlarm, node_alarms
+from rmqkit.health.delayed import DelayedView, find_ladders, ladder_target, rung_names
 from rmqkit.health.identity import broker_identity
 from rmqkit.health.quorum import QuorumState, quorum_state
-from rmqkit.health.roles import Role, classify
+from rmqkit.health.roles import Role, classify, flow_parent
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import parking_stats
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology
 from rmqkit.topology.expand import expand
 
-_ROLE_ORDER = {"work": 0, "wait": 1, "parking": 2, "other": 3}
+_ROLE_ORDER = {"work": 0, "wait": 1, "parking": 2, "delay": 3, "other": 4}
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,10 @@ class QueueStatus:
 
     @property
     def tier(self) -> str | None:
-        """Wait queues: the tier's main queue name (jitter slots collapse into it)."""
+        """Wait queues: the tier's main queue name (jitter slots collapse into it); delay
+        ladder rungs: the ladder's name (its rungs collapse into it)."""
+        if self.role == "delay":
+            return self.name.rpartition(".")[0]
         return self.name.split(".slot-", 1)[0] if self.role == "wait" else None
 
     def as_dict(self) -> dict[str, Any]:
@@ -88,9 +92,15 @@ def _sum(values: list[int | None]) -> int | None:
     return sum(known) if known else None
 
 
+def _rate_sum(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
 @dataclass(frozen=True)
 class GroupStatus:
-    """A work queue with its wait and parking queues."""
+    """A work queue with its lanes or partitions, wait and parking queues, and its own delay
+    ladder if it has one."""
 
     work: str
     queues: list[QueueStatus]
@@ -99,20 +109,23 @@ class GroupStatus:
         return [q for q in self.queues if q.role == role]
 
     def as_dict(self) -> dict[str, Any]:
-        """Totals per role: what an operator (or a dashboard) looks at first."""
-        work = [q for q in self.queues if q.name == self.work]
-        wait, parking = self._of("wait"), self._of("parking")
+        """Totals per role: what an operator (or a dashboard) looks at first. The work
+        numbers add up the work queue and its lanes or partitions (``work_queues``);
+        ``delayed`` is what the queue's own delay ladder holds (None: it has none)."""
+        work = self._of("work")
+        wait, parking, delay = self._of("wait"), self._of("parking"), self._of("delay")
         ages = [q.oldest_age_s for q in parking if q.oldest_age_s is not None]
-        head = work[0] if work else None
         return {
             "work": self.work,
-            "ready": head.ready if head else None,
-            "unacked": head.unacked if head else None,
-            "consumers": head.consumers if head else None,
-            "publish_rate": head.publish_rate if head else None,
-            "deliver_rate": head.deliver_rate if head else None,
+            "work_queues": [q.name for q in work],
+            "ready": _sum([q.ready for q in work]),
+            "unacked": _sum([q.unacked for q in work]),
+            "consumers": _sum([q.consumers for q in work]),
+            "publish_rate": _rate_sum([q.publish_rate for q in work]),
+            "deliver_rate": _rate_sum([q.deliver_rate for q in work]),
             "waiting": _sum([q.messages for q in wait]),
             "wait_queues": len(wait),
+            "delayed": _sum([q.messages for q in delay]) if delay else None,
             "parked": _sum([q.messages for q in parking]),
             "parking": [q.name for q in parking],
             "parked_oldest_age_s": max(ages) if ages else None,
@@ -134,6 +147,17 @@ class StatusReport:
     broker_warning: str | None = None
     # Memory/disk alarms of the cluster's nodes; None: /api/nodes not readable (monitoring tag)
     alarms: list[NodeAlarm] | None = field(default_factory=list)
+    # The vhost's delay ladders (docs/delay.md): delayed messages are their own state
+    delayed: list[DelayedView] = field(default_factory=list)
+
+    def delayed_dict(self) -> dict[str, Any]:
+        """Delayed messages in total, stuck ones, and per ladder (``for``: its work queue)."""
+        return {
+            "total": sum(v.waiting + v.stuck for v in self.delayed),
+            "waiting": sum(v.waiting for v in self.delayed),
+            "stuck": sum(v.stuck for v in self.delayed),
+            "ladders": [v.as_dict() for v in self.delayed],
+        }
 
     @property
     def without_majority(self) -> list[QuorumState]:
@@ -153,6 +177,7 @@ class StatusReport:
             "taken_at": self.taken_at.isoformat(),
             "topology": self.source,
             "rates_kept": self.rates_kept,
+            "delayed": self.delayed_dict(),
             "groups": [g.as_dict() for g in self.groups],
             "queues": [q.as_dict() for q in self.queues],
         }
@@ -200,29 +225,44 @@ def build_status(
     dead-letter wiring."""
     now = now or datetime.now(UTC)
     rows: list[QueueStatus] = []
+    rungs = rung_names(snapshot)
     if topology is not None:
         desired = expand(topology, broker_version=snapshot.version)
-        known: dict[str, tuple[Role, str]] = {q.name: (q.role, q.owner) for q in desired.queues}
+        known: dict[str, tuple[Role, str]] = {
+            q.name: (q.role, _parent(topology, q.owner)) for q in desired.queues
+        }
         for spec in desired.queues:
+            if spec.name in rungs:
+                continue  # a rung the expansion lists: shown with its ladder below
             live = snapshot.queues.get(spec.name)
             if live is None:
                 rows.append(
                     QueueStatus(
                         spec.name,
                         spec.role,
-                        spec.owner,
+                        known[spec.name][1],
                         exists=False,
                         note="not declared",
                         delay_ms=spec.delay_ms,
                     )
                 )
             else:
-                rows.append(queue_status(live, spec.role, spec.owner, now))
+                rows.append(queue_status(live, spec.role, known[spec.name][1], now))
+        # The delay ladders on the vhost, whether the file declares them or not: a message
+        # in a rung is delayed, not lost in an unknown queue.
+        for name, base in sorted(rungs.items()):
+            owner = ladder_target(base, snapshot, rungs) or base
+            rows.append(queue_status(snapshot.queues[name], "delay", owner, now))
+            known.setdefault(name, ("delay", owner))
     else:
         roles = classify(snapshot)
-        known = roles
+        # lanes and partitions are grouped under their work queue
+        known = {
+            name: (role, flow_parent(owner, roles, snapshot.queues))
+            for name, (role, owner) in roles.items()
+        }
         for name, queue in sorted(snapshot.queues.items()):
-            role, owner = roles[name]
+            role, owner = known[name]
             rows.append(queue_status(queue, role, owner, now))
     groups: dict[str, list[QueueStatus]] = {}
     for row in rows:
@@ -232,7 +272,10 @@ def build_status(
     for owner in sorted(groups):
         members = sorted(groups[owner], key=_order)
         flat.extend(members)
-        if known.get(owner, ("other", owner))[0] == "work":
+        # a work queue's group; a partitioned one has no queue of its name, only partitions
+        if known.get(owner, ("other", owner))[0] == "work" or any(
+            m.role == "work" for m in members
+        ):
             ordered.append(GroupStatus(owner, members))
     return StatusReport(
         vhost=snapshot.vhost,
@@ -243,7 +286,13 @@ def build_status(
         rates_kept=snapshot.rates_kept,
         source=topology.source if topology is not None else None,
         alarms=None if snapshot.nodes is None else node_alarms(snapshot.nodes),
+        delayed=find_ladders(snapshot),
     )
+
+
+def _parent(topology: Topology, owner: str) -> str:
+    """The file's work queue a lane or partition queue serves (``Topology.parent_of``)."""
+    return topology.parent_of(owner) or owner
 
 
 async def _with_parking_ages(settings: Settings, report: StatusReport) -> StatusReport:
