@@ -117,17 +117,29 @@ LANE = 12_000  # a browse of this many takes ~2 s here: Ctrl-C lands well inside
 
 @pytest.mark.xfail(
     strict=True,
-    reason="finding 5: Ctrl-C during `parking list`'s browse is ignored: full listing, exit 0",
+    reason="finding 5: Ctrl-C during `parking list`'s browse often ignored: full listing, exit 0",
 )
 def test_ctrl_c_stops_parking_list(fresh_vhost: Any) -> None:
-    """docs/exit-codes.md: 130 interrupted (Ctrl-C). Seen: 8 of 8 SIGINTs 0.1-0.8 s into the
-    browse of 12,000 (which takes ~2 s) were ignored; the listing finished, exit 0."""
+    """docs/exit-codes.md: 130 interrupted (Ctrl-C). Seen: most SIGINTs 0.1-1.1 s into the
+    browse of 12,000 (which takes ~2 s) were ignored (8 of 8 in one series, 3 of 5 in
+    another); the listing finished, exit 0. A race, so several presses on the same lane
+    (listing takes nothing): the test fails at the first one ignored."""
     vhost = _orders_vhost(fresh_vhost)
     _park(vhost, LANE)
-    signalled, code, out, err = _interrupt(vhost, 0.3, "parking", "list", PARKING, "--json")
-    assert signalled, "the listing ended before Ctrl-C could be pressed"
-    assert _depth(vhost) == LANE  # a browse never loses a message (held)
-    assert code == 130, (code, len(out.splitlines()), err[-300:])
+    outcomes: list[tuple[float, int, int]] = []
+    for delay_s in (0.3, 0.1, 0.5, 0.7, 0.9, 0.2, 1.1):
+        signalled, code, out, _err = _interrupt(
+            vhost, delay_s, "parking", "list", PARKING, "--json"
+        )
+        if not signalled:
+            continue
+        outcomes.append((delay_s, code, len(out.splitlines())))
+        assert _depth(vhost) == LANE  # a browse never loses a message (held)
+        if code != 130:
+            break
+    assert outcomes, "no listing lasted long enough to be interrupted"
+    ignored = [o for o in outcomes if o[1] != 130]
+    assert not ignored, f"(delay, exit, lines listed) of ignored Ctrl-C: {ignored}; all {outcomes}"
 
 
 @pytest.mark.xfail(
@@ -143,7 +155,7 @@ def test_ctrl_c_stops_a_purge(fresh_vhost: Any) -> None:
     full lane, so a race that loses one press in two fails this test almost surely."""
     vhost = _orders_vhost(fresh_vhost)
     outcomes: list[tuple[float, int, int]] = []
-    for delay_s in (0.25, 0.4, 0.8, 1.0, 0.5):
+    for delay_s in (0.25, 0.4, 0.8, 1.0, 0.5, 0.3, 0.6):
         left = _depth(vhost)
         if left < LANE:
             _park(vhost, LANE - left)
