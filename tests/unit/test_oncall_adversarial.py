@@ -159,3 +159,35 @@ def test_vhost_rewrite_keeps_the_password_masked_and_the_last_vhost_wins() -> No
     assert SECRET not in result.stdout + result.stderr
     assert '"vhost": "y/z"' in result.stdout
     assert "y%2Fz" in result.stdout
+
+
+def _complete(words: str) -> list[str]:
+    """What bash completion offers for the last word of ``words`` (the script `rmqkit
+    completion bash` installs calls rmqkit back with these variables)."""
+    parts = words.split(" ")
+    result = rmqkit(
+        _RMQKIT_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(len(parts) - 1)
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+def test_shell_completion_offers_vhost_everywhere_and_refuses_an_unknown_shell() -> None:
+    """Held (no other test runs completion): README's `eval "$(rmqkit completion bash)"`
+    installs a script that completes commands, subcommands and `--vhost` before the command,
+    after it and after a positional argument; zsh and fish print theirs; an unknown shell is
+    a one-line usage error (64)."""
+    script = rmqkit("completion", "bash")
+    assert script.returncode == 0, script.stderr
+    assert "complete -o default -F _rmqkit_completion rmqkit" in script.stdout
+    for shell in ("zsh", "fish"):
+        other = rmqkit("completion", shell)
+        assert other.returncode == 0 and "_RMQKIT_COMPLETE" in other.stdout, other.stderr
+    assert _complete("rmqkit --vh") == ["--vhost"]
+    assert _complete("rmqkit parking list --vh") == ["--vhost"]
+    assert _complete("rmqkit parking list orders.work.parking --vh") == ["--vhost"]
+    assert _complete("rmqkit plan --to") == ["--topology"]
+    assert _complete("rmqkit parking re") == ["replay"]
+    unknown = rmqkit("completion", "tcsh")
+    assert unknown.returncode == 64, unknown.stdout
+    assert len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr
