@@ -458,6 +458,20 @@ def _orphans(desired: DesiredState, live: LiveState, vhost: str) -> list[Change]
                 f"delete it once empty: rabbitmqctl delete_queue {where} {shlex.quote(name)}",
             )
         )
+    for work in desired.work_queues:
+        if work.partitions and work.name in live.queues:
+            out.append(
+                Change(
+                    "queue",
+                    work.name,
+                    "orphan",
+                    f"{work.name} is partitioned now ({work.partition_exchange}); this queue "
+                    f"holds {live.queues[work.name].get('messages', 0)} message(s) and still gets "
+                    "new ones through its old bindings",
+                    "unbind it from its exchanges, let a consumer drain it, then: rabbitmqctl "
+                    f"delete_queue {where} {shlex.quote(work.name)}",
+                )
+            )
     wanted_exchanges = {e.name for e in desired.exchanges}
     for name, exchange in sorted(live.exchanges.items()):
         owner = name.removesuffix(PARTITION_EXCHANGE_SUFFIX)

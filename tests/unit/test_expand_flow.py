@@ -281,3 +281,16 @@ def test_another_files_work_queue_named_like_a_derived_one_is_not_an_orphan() ->
         _live(queues=queues, policies=policies), '[queues.orders]\nretry_delays = ["1s"]\n'
     )
     assert found == {"orders.wait.5s", "rmqkit.orders.wait.5s"}
+
+
+def test_a_queue_that_became_partitioned_is_an_orphan() -> None:
+    live = _live(queues={"w": {**_quorum("w"), "messages": 3}})
+    plan = compute_plan(
+        expand(parse_topology("[queues.w]\npartitions = 2\npartition_key = 'k'\n", "t")),
+        live,
+        source="t",
+        vhost="v",
+    )
+    change = _find(plan.changes, "queue", "w")
+    assert change.action == "orphan" and "partitioned now" in change.detail
+    assert "3 message(s)" in change.detail and "delete_queue -p v w" in change.fix
