@@ -414,6 +414,33 @@ def test_import_into_a_work_queue_asks_did_you_mean_its_parking_queue(
     assert f"did you mean '{PARKING}'" in result.stderr, result.stderr
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 14: parking export --remove -o - writes a file named '-' in the cwd and "
+    "empties the lane; the pipe gets nothing (--ids-from - means stdin)",
+)
+def test_export_to_dash_is_stdout_or_refused(lane: str, tmp_path: Path) -> None:
+    """`rmqkit parking export Q --remove -o - | ssh other 'rmqkit parking import ...'`: `-` is
+    stdin/stdout to a shell user, and `parking purge --ids-from -` reads stdin. Seen: "exported
+    6 message(s) from orders.work.parking to -, removed 6", stdout empty, the lane in
+    ./- wherever the command ran. Expected: stdout (and --remove refused there, as it is
+    without -o, since stdout cannot be fsynced), or `-` refused as a name (64), lane intact."""
+    result = subprocess.run(
+        [sys.executable, "-m", "rmqkit", "parking", "export", PARKING, "--remove", "-o", "-"],
+        capture_output=True,
+        text=True,
+        env=broker.cli_env(lane),
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        check=False,
+    )
+    on_stdout = [line for line in result.stdout.splitlines() if line.strip()]
+    refused = result.returncode == 64 and _depth(lane) == 6
+    assert refused or len(on_stdout) == 6, (result.returncode, result.stderr, _depth(lane))
+    assert not (tmp_path / "-").exists(), result.stderr
+
+
 # --- held: coverage no other module has ---
 
 
