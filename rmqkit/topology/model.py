@@ -22,6 +22,7 @@ from rmqkit.delay.ladder import DEFAULT_BITS, DEFAULT_UNIT_MS
 from rmqkit.durations import format_duration_ms, parse_duration_ms
 from rmqkit.errors import TopologyFileError
 from rmqkit.topology import flow
+from rmqkit.topology.locate import find_line, key_path, pydantic_message
 
 BUILTIN_EXCHANGE_PREFIX = "amq."
 
@@ -291,45 +292,6 @@ class Topology:
         return flow.work_queues_for(self.model, exchange, routing_key, headers)
 
 
-def key_path(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location as a TOML key path.
-
-    ``('queues', 'orders.work', 'retry_delays', 1)`` → ``queues."orders.work".retry_delays[1]``.
-    """
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            seg = part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"'
-            out += ("." if out else "") + seg
-    return out
-
-
-def _find_line(text: str, loc: tuple[int | str, ...]) -> int | None:
-    """Best-effort line of the key at ``loc`` (1-based): walk the segments down the file."""
-    lines = text.splitlines()
-    start, found = 0, None
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        pattern = re.compile(
-            r"(^|[\[.{,\s])(" + re.escape(part) + r'|"' + re.escape(part) + r'")\s*(=|\]|\.)'
-        )
-        for index in range(start, len(lines)):
-            if pattern.search(lines[index].split("#", 1)[0]):
-                start, found = index, index + 1
-                break
-    return found
-
-
-def _pydantic_message(error: Any) -> str:
-    msg = str(error["msg"])
-    if error["type"] == "extra_forbidden":
-        return "unknown key (check the spelling; see docs/topology.md for the keys)"
-    return msg.removeprefix("Value error, ")
-
-
 def parse_topology(text: str, source: str) -> Topology:
     """Validate topology ``text``; ``source`` names it in errors. Raises TopologyFileError."""
     try:
@@ -347,7 +309,7 @@ def parse_topology(text: str, source: str) -> Topology:
         first = exc.errors()[0]
         loc = tuple(first["loc"])
         raise TopologyFileError(
-            source, _pydantic_message(first), key=key_path(loc), line=_find_line(text, loc)
+            source, pydantic_message(first), key=key_path(loc), line=find_line(text, loc)
         ) from None
     topology = Topology(model, source)
     _check_references(topology, text)
@@ -359,7 +321,7 @@ def _check_references(topology: Topology, text: str) -> None:
 
     def fail(loc: tuple[int | str, ...], detail: str) -> None:
         raise TopologyFileError(
-            topology.source, detail, key=key_path(loc), line=_find_line(text, loc)
+            topology.source, detail, key=key_path(loc), line=find_line(text, loc)
         )
 
     def exchange_known(name: str) -> bool:

@@ -6,25 +6,18 @@ unit-testable; ``read_live_state`` is the only I/O here.
 
 from __future__ import annotations
 
-import re
-import shlex
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from rmqkit.broker.amqp import parse_version
 from rmqkit.broker.management import ManagementClient
 from rmqkit.broker.policies import (
-    Effective,
     Policy,
-    Version,
     applying_policy,
     as_policy,
     resolve,
-    resolve_queue,
 )
 from rmqkit.topology.expand import (
     MANAGED_KEYS,
-    POLICY_PREFIX,
     BindingSpec,
     DesiredState,
     ExchangeSpec,
@@ -33,91 +26,20 @@ from rmqkit.topology.expand import (
     QueueSpec,
     policy_name,
 )
-from rmqkit.topology.flow import PARTITION_EXCHANGE_SUFFIX
+from rmqkit.topology.live import (
+    DEFAULT_VERSION,
+    Action,
+    Change,
+    Kind,
+    LiveState,
+    Plan,
+    managed_settings,
+    queue_settings,
+)
+from rmqkit.topology.orphans import find_orphans
 
-Action = Literal["create", "change", "in-sync", "conflict", "orphan"]
-Kind = Literal["exchange", "queue", "policy", "binding"]
 # Exchange types that come with a plugin: a missing one is named in the conflict's fix.
 PLUGINS = {"x-consistent-hash": "rabbitmq_consistent_hash_exchange"}
-# Without the broker's version (a LiveState built by hand), plan assumes expand's default.
-DEFAULT_VERSION: Version = (3, 10, 0)
-
-
-@dataclass(frozen=True)
-class LiveState:
-    """What the broker holds in one vhost, as the management API reports it."""
-
-    queues: dict[str, dict[str, Any]]
-    exchanges: dict[str, dict[str, Any]]
-    bindings: list[dict[str, Any]]
-    policies: dict[str, dict[str, Any]]
-    operator_policies: list[dict[str, Any]] = field(default_factory=list)
-    # The broker's version (``/api/overview``): the delivery-limit rules differ on 4.x.
-    version: Version = DEFAULT_VERSION
-    # The exchange types the broker offers (``/api/overview``); None: not known (not checked).
-    exchange_types: frozenset[str] | None = None
-
-
-@dataclass(frozen=True)
-class Change:
-    """One object's verdict: what would be done to it, or why it cannot be."""
-
-    kind: Kind
-    name: str
-    action: Action
-    detail: str = ""
-    fix: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "action": self.action,
-            "detail": self.detail,
-            "fix": self.fix,
-        }
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The verdicts for every object of a topology, plus objects rmqkit left behind."""
-
-    source: str
-    vhost: str
-    desired: DesiredState
-    changes: list[Change]
-
-    @property
-    def conflicts(self) -> list[Change]:
-        return [c for c in self.changes if c.action == "conflict"]
-
-    @property
-    def pending(self) -> list[Change]:
-        return [c for c in self.changes if c.action in ("create", "change")]
-
-    @property
-    def in_sync(self) -> list[Change]:
-        return [c for c in self.changes if c.action == "in-sync"]
-
-    def summary(self) -> dict[str, int]:
-        counts = {"create": 0, "change": 0, "in-sync": 0, "conflict": 0, "orphan": 0}
-        for change in self.changes:
-            counts[change.action] += 1
-        return counts
-
-
-def _managed(found: Effective) -> dict[str, Any]:
-    return {key: value for key, value in found.settings.items() if key in MANAGED_KEYS}
-
-
-def queue_settings(live: LiveState, name: str) -> dict[str, Any]:
-    """The managed settings in effect now on existing queue ``name``, as plan sees them (the
-    same resolver as doctor's ``effective_queue``); {} for a queue that does not exist."""
-    found = live.queues.get(name)
-    if found is None:
-        return {}
-    policies = list(live.policies.values())
-    return _managed(resolve_queue(found, policies, live.operator_policies, live.version))
 
 
 def _fmt(value: Any) -> str:
@@ -247,7 +169,7 @@ def _queue_changes(
     else:
         wanted = {"x-" + key: value for key, value in spec.settings.items()}
         after = resolve(qtype, wanted, top, operator, live.version)
-    effective = _managed(after)
+    effective = managed_settings(after)
     wrong = {
         key: (effective.get(key), spec.settings.get(key))
         for key in MANAGED_KEYS
@@ -381,139 +303,8 @@ def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: 
         )
         action: Action = "in-sync" if key in have_bindings else "create"
         changes.append(Change("binding", binding.label, action))
-    changes.extend(_orphans(desired, live, vhost))
+    changes.extend(find_orphans(desired, live, vhost))
     return Plan(source=source, vhost=vhost, desired=desired, changes=changes)
-
-
-def _family_owner(name: str, roots: set[str]) -> str | None:
-    """The file's work queue whose derived queue ``name`` is, by its name alone: a wait queue
-    (``W.wait.…``), a lane (``W.lane.L``, ``W.lane.L.wait.…``) or a partition (``W.pN``,
-    ``W.pN.wait.…``) of a work queue ``W`` of the file (``roots``), if any."""
-    for root in sorted(roots, key=len, reverse=True):
-        rest = name[len(root) :] if name.startswith(root + ".") else None
-        if rest is None:
-            continue
-        if rest.startswith((".wait.", ".lane.")) or re.fullmatch(r"\.p\d+(\.wait\..+)?", rest):
-            return root
-    return None
-
-
-def _family_member(target: str, root: str) -> bool:
-    """``target`` is ``root`` itself or one of its lanes or partitions (a queue that a wait
-    queue of ``root``'s family returns messages to)."""
-    return (
-        target == root
-        or re.fullmatch(re.escape(root) + r"\.(lane\.[^.]+|p\d+)", target) is not None
-    )
-
-
-def _dead_letters_home(settings: dict[str, Any], root: str, parkings: set[str]) -> bool:
-    """Whether a queue that dead-letters with ``settings`` (its managed settings, or a policy
-    definition) belongs to ``root``'s family: a wait queue returns to a member, a lane or
-    partition parks in ``root``'s parking queue. Without dead-letter settings the name decides.
-    A work queue of another file named like a derived queue (``orders.wait.list`` beside
-    ``orders``) dead-letters into its own parking queue: not ours."""
-    target = settings.get("dead-letter-routing-key")
-    if not isinstance(target, str):
-        return True
-    return _family_member(target, root) or target in parkings
-
-
-def _orphans(desired: DesiredState, live: LiveState, vhost: str) -> list[Change]:
-    """rmqkit-made objects the file no longer names: reported, never deleted (they may hold
-    messages, and a wait queue without its policy would keep them forever). Their fixes name
-    the vhost (``-p``) and quote for the shell, so they can be pasted as they are.
-
-    Ownership follows the names rmqkit derives: a file owns its work queues and the queues
-    derived from them — wait queues (``W.wait.…``), lanes (``W.lane.L``) and partitions
-    (``W.pN``) with their wait queues, the partition exchange ``W.partition`` — and the
-    policies ``rmqkit.<those>``. An object derived from another work queue belongs to whichever
-    topology declares that work queue (another file in the same vhost), so it is never this
-    file's orphan; nor is a queue whose dead-lettering leads out of ``W``'s family (another
-    file's work queue that merely starts with ``W.wait.``). The name is the marker: it needs
-    nothing added to a queue (x-arguments cannot change on a live queue) and works with
-    ``--via arguments``.
-    """
-    where = f"-p {shlex.quote(vhost or '/')}"
-    wanted_queues = {q.name for q in desired.queues} | {q.name for q in desired.fixed_queues}
-    wanted_policies = {p.name for p in desired.policies}
-    roots = {w.name for w in desired.work_queues}
-    parkings: dict[str, set[str]] = {}
-    for w in desired.work_queues:
-        parkings.setdefault(w.name, set()).add(w.parking)
-    out: list[Change] = []
-    for name, queue in sorted(live.queues.items()):
-        owner = _family_owner(name, roots)
-        if not owner or name in wanted_queues:
-            continue
-        if not _dead_letters_home(queue_settings(live, name), owner, parkings[owner]):
-            continue
-        out.append(
-            Change(
-                "queue",
-                name,
-                "orphan",
-                f"no longer in the file; left in place with {queue.get('messages', 0)} "
-                f"message(s), which still return to {owner}",
-                f"delete it once empty: rabbitmqctl delete_queue {where} {shlex.quote(name)}",
-            )
-        )
-    for work in desired.work_queues:
-        if work.partitions and work.name in live.queues:
-            out.append(
-                Change(
-                    "queue",
-                    work.name,
-                    "orphan",
-                    f"{work.name} is partitioned now ({work.partition_exchange}); this queue "
-                    f"holds {live.queues[work.name].get('messages', 0)} message(s) and still gets "
-                    "new ones through its old bindings",
-                    "unbind it from its exchanges, let a consumer drain it, then: rabbitmqctl "
-                    f"delete_queue {where} {shlex.quote(work.name)}",
-                )
-            )
-    wanted_exchanges = {e.name for e in desired.exchanges}
-    for name, exchange in sorted(live.exchanges.items()):
-        owner = name.removesuffix(PARTITION_EXCHANGE_SUFFIX)
-        if (
-            owner in roots
-            and name != owner
-            and name not in wanted_exchanges
-            and exchange.get("type") == "x-consistent-hash"
-        ):
-            out.append(
-                Change(
-                    "exchange",
-                    name,
-                    "orphan",
-                    f"no longer in the file ({owner} is not partitioned now); messages "
-                    "published to it still go to the partitions it is bound to",
-                    "delete it once nothing publishes to it: rabbitmqadmin "
-                    f"--vhost={shlex.quote(vhost or '/')} delete exchange "
-                    f"name={shlex.quote(name)}",
-                )
-            )
-    if desired.via == "policy":
-        for name in sorted(live.policies):
-            governed = name.removeprefix(POLICY_PREFIX)
-            owner = _family_owner(governed, roots)
-            if not name.startswith(POLICY_PREFIX) or name in wanted_policies or owner is None:
-                continue
-            definition = dict(live.policies[name].get("definition") or {})
-            if not _dead_letters_home(definition, owner, parkings[owner]):
-                continue
-            out.append(
-                Change(
-                    "policy",
-                    name,
-                    "orphan",
-                    "no longer in the file; left in place so the queue it governs keeps "
-                    "its TTL and dead-letter wiring",
-                    f"delete it after its queue: rabbitmqctl clear_policy {where} "
-                    f"{shlex.quote(name)}",
-                )
-            )
-    return out
 
 
 async def read_live_state(api: ManagementClient) -> LiveState:
@@ -539,8 +330,11 @@ async def read_live_state(api: ManagementClient) -> LiveState:
 
 
 __all__ = [
+    "DEFAULT_VERSION",
+    "Action",
     "BindingSpec",
     "Change",
+    "Kind",
     "LiveState",
     "Plan",
     "compute_plan",
