@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 import rmqkit.outbox
@@ -22,6 +23,7 @@ from rmqkit.crypto import KeyRing, decrypt_fields, generate_keyring
 from rmqkit.outbox import Encryptor, RelayOptions, run_relay
 from rmqkit.topology import declare_topology, load_topology
 from tests import broker
+from tests.integration.test_outbox import drop_schema, pg_schema_dsn
 
 pytestmark = pytest.mark.broker
 
@@ -246,27 +248,40 @@ def _relay(vhost: str, dsn: str, topology: Path | None = None) -> rmqkit.outbox.
     return report
 
 
-def test_outbox_delay_through_the_relay(setup: tuple[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_outbox_delay_through_the_relay(
+    setup: tuple[str, Path], tmp_path: Path, backend: str
+) -> None:
     vhost, _ = setup
-    dsn = f"sqlite:///{tmp_path}/app.db"
-    rmqkit.outbox.init(dsn)
-    conn = sqlite3.connect(tmp_path / "app.db")
-    ids = [
-        rmqkit.outbox.add(conn, exchange="jobs", routing_key="job", body={"n": i}, delay="2s")
-        for i in range(30)
-    ]
-    conn.commit()
-    added = time.monotonic()
-    report = _relay(vhost, dsn)
-    assert (report.published, report.left_pending) == (30, 0), report.errors
-    relayed = time.monotonic() - added
-    while time.monotonic() < added + 1.7:
-        early = broker.drain(vhost, "jobs.work")
-        assert not early, f"arrived early (relay took {relayed:.2f}s): {early[0]['headers']}"
-        time.sleep(0.2)
-    got = arrive(vhost, "jobs.work", 30, timeout_s=15)
-    assert sorted(m["message_id"] for m in got) == sorted(ids)
-    assert all(m["headers"]["rmqkit-delay-ms"] <= 2000 for m in got)  # outbox time deducted
+    schema = None
+    if backend == "sqlite":
+        dsn = f"sqlite:///{tmp_path}/app.db"
+        conn: Any = sqlite3.connect(tmp_path / "app.db")
+    else:
+        schema, dsn = pg_schema_dsn("rmqkit_flow")
+        conn = psycopg.connect(dsn)
+    try:
+        rmqkit.outbox.init(dsn)
+        ids = [
+            rmqkit.outbox.add(conn, exchange="jobs", routing_key="job", body={"n": i}, delay="2s")
+            for i in range(30)
+        ]
+        conn.commit()
+        added = time.monotonic()
+        report = _relay(vhost, dsn)
+        assert (report.published, report.left_pending) == (30, 0), report.errors
+        relayed = time.monotonic() - added
+        while time.monotonic() < added + 1.7:
+            early = broker.drain(vhost, "jobs.work")
+            assert not early, f"arrived early (relay took {relayed:.2f}s): {early[0]['headers']}"
+            time.sleep(0.2)
+        got = arrive(vhost, "jobs.work", 30, timeout_s=15)
+        assert sorted(m["message_id"] for m in got) == sorted(ids)
+        assert all(m["headers"]["rmqkit-delay-ms"] <= 2000 for m in got)  # outbox time deducted
+    finally:
+        conn.close()
+        if schema is not None:
+            drop_schema(schema)
 
 
 def test_outbox_lanes_and_default_delay_at_relay_time(
