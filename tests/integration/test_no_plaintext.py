@@ -9,6 +9,7 @@ that records what it got and fails one in ten permanently and one in ten transie
 through the wait tier, then parked ``exhausted``); two tampered messages are parked
 ``undecryptable``. Then parking list, show, stats, export, ``--match``, replay, status, doctor
 and config run with the key ring at hand.
+
 Every stdout and stderr, the consumer's log, its metrics/health pages, the export file and every
 body and header the broker still holds are searched: the sentinel is only in the handler's own
 record and in what ``--decrypt`` was asked to show.
