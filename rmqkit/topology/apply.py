@@ -15,7 +15,7 @@ from rmqkit.errors import BrokerUnavailable, TopologyConflict
 from rmqkit.settings import Settings
 from rmqkit.topology.expand import DesiredState, Via, expand_all
 from rmqkit.topology.model import Topology
-from rmqkit.topology.plan import Change, LiveState, Plan, compute_plan, read_live_state
+from rmqkit.topology.plan import PLUGINS, Change, LiveState, Plan, compute_plan, read_live_state
 
 
 @dataclass(frozen=True)
@@ -141,22 +141,41 @@ async def _apply(conn: AbstractConnection, api: ManagementClient | None, plan: P
     desired: DesiredState = plan.desired
     todo = {(c.kind, c.name) for c in plan.pending}
     broker = Session.of(conn)  # the declarations go through rmqkit.broker (issue 11)
-    await broker.declare(
-        [
-            {
-                "exchange": exchange.name,
-                "exchange_type": exchange.type,
-                "durable": exchange.durable,
-                "auto_delete": exchange.auto_delete,
-                "internal": exchange.internal,
-                "arguments": exchange.arguments,
-            }
-            for exchange in desired.exchanges
-            if ("exchange", exchange.name) in todo
-        ],
-        [],
-        [],
+    # Exchanges of a plugin's type first: without the plugin the broker closes the connection
+    # (503 unknown exchange type) before anything else of the file was declared.
+    standard = ("direct", "topic", "fanout", "headers")
+    exchanges = sorted(
+        (e for e in desired.exchanges if ("exchange", e.name) in todo),
+        key=lambda e: e.type in standard,
     )
+    try:
+        await broker.declare(
+            [
+                {
+                    "exchange": exchange.name,
+                    "exchange_type": exchange.type,
+                    "durable": exchange.durable,
+                    "auto_delete": exchange.auto_delete,
+                    "internal": exchange.internal,
+                    "arguments": exchange.arguments,
+                }
+                for exchange in exchanges
+            ],
+            [],
+            [],
+        )
+    except BrokerUnavailable as exc:
+        missing = next(
+            (e for e in exchanges if f"unknown exchange type '{e.type}'" in str(exc)), None
+        )
+        if missing is None:
+            raise
+        plugin = PLUGINS.get(missing.type)
+        enable = f": rabbitmq-plugins enable {plugin}" if plugin else ""
+        raise TopologyConflict(
+            f"{plan.source}: exchange {missing.name!r}: exchange type {missing.type} is not "
+            f"available on this broker{enable}"
+        ) from None
     if api is not None:  # after the exchanges, before the queues: no queue without its wiring
         for policy in desired.policies:
             if ("policy", policy.name) in todo:

@@ -20,6 +20,8 @@ POLICY_PREFIX = "rmqkit."
 # The weight of each partition's binding to its consistent-hash exchange (its routing key): all
 # equal, so keys spread evenly; the broker parses it as an integer.
 PARTITION_WEIGHT = "1"
+# The type of the exchange in front of the partitions (rabbitmq_consistent_hash_exchange).
+PARTITION_EXCHANGE_TYPE = "x-consistent-hash"
 
 # The queue settings rmqkit manages, in policy-key form (an x-argument is "x-" + key).
 MANAGED_KEYS = (
@@ -235,7 +237,7 @@ def _partition_objects(topology: Topology, name: str) -> tuple[ExchangeSpec, lis
         for bind in spec.bind
     ]
     hashing = ExchangeSpec(
-        exchange, "x-consistent-hash", arguments={"hash-header": spec.partition_key}
+        exchange, PARTITION_EXCHANGE_TYPE, arguments={"hash-header": spec.partition_key}
     )
     return hashing, bindings
 

@@ -331,6 +331,7 @@ async def read_live_state(api: ManagementClient) -> LiveState:
 
 __all__ = [
     "DEFAULT_VERSION",
+    "PLUGINS",
     "Action",
     "BindingSpec",
     "Change",

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aio_pika
 import pytest
@@ -233,3 +233,41 @@ def test_a_delayed_message_leaves_the_ladder_by_the_exit_declare_made(declared: 
     waited = time.monotonic() - started
     assert arrived and waited >= 0.3, waited
     _purge(vhost, "ledger.work")
+
+
+@pytest.mark.parametrize("via", ["policy", "arguments"])
+def test_declare_without_the_plugin_is_one_line_and_changes_nothing(
+    via: Literal["policy", "arguments"], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker without the consistent-hash plugin, played by an exchange type no broker has:
+    with the management API `plan` sees the type is missing (a conflict); without it
+    (`--via arguments`) the broker refuses the exchange, declared before anything else."""
+    from rmqkit.errors import TopologyConflict
+    from rmqkit.settings import load_settings, with_vhost
+    from rmqkit.topology import declare_topology, parse_topology
+    from rmqkit.topology import expand as expand_module
+    from rmqkit.topology import plan as plan_module
+
+    monkeypatch.setattr(expand_module, "PARTITION_EXCHANGE_TYPE", "x-rmqkit-missing")
+    monkeypatch.setitem(plan_module.PLUGINS, "x-rmqkit-missing", "rabbitmq_missing_plugin")
+    topology = parse_topology(
+        '[exchanges.accounts]\n[queues."a.work"]\n'
+        'bind = [{ exchange = "accounts", routing_key = "k" }]\n'
+        'partitions = 2\npartition_key = "account_id"\nretry_delays = []\n',
+        "nohash.toml",
+    )
+    vhost = broker.create_vhost("nohash")
+    try:
+        management = broker.MGMT if via == "policy" else "http://127.0.0.1:9"  # none for blind
+        settings = load_settings(url=with_vhost(broker.BASE_URL, vhost), management_url=management)
+        with pytest.raises(TopologyConflict) as info:
+            broker.run(declare_topology(settings, topology, via=via))
+        message = str(info.value)
+        assert "\n" not in message
+        assert "exchange 'a.work.partition'" in message and "x-rmqkit-missing" in message
+        assert "rabbitmq-plugins enable rabbitmq_missing_plugin" in message
+        assert broker.queue_names(vhost) == set()
+        names = {e["name"] for e in _get(f"/exchanges/{broker.q(vhost)}")}
+        assert "accounts" not in names and "a.work.partition" not in names
+    finally:
+        broker.delete_vhost(vhost)
