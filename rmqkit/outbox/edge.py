@@ -16,13 +16,14 @@ publish command and the outbox use it (docs/outbox.md, docs/delay.md "Wiring").
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rmqkit.broker.session import Session
-from rmqkit.crypto import KeyRing, encrypt_fields, keyring_from_env
+from rmqkit.crypto import KeyRing, encrypt_fields, find_field, is_envelope, keyring_from_env
 from rmqkit.delay import DelayRangeError, Ladder, declare_ladder, declare_target
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import DataError
@@ -106,6 +107,31 @@ class Encryptor:
         if not paths:
             return body
         return encrypt_fields(body, paths, indexed, self.keyring)
+
+    def plaintext(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """Why ``body`` must not be published as it is: a field it should carry encrypted holds
+        plaintext, or it is not JSON; None if it is fine. No key ring needed (the outbox relay
+        checks rows with it: they are encrypted by ``add``, never by the relay)."""
+        paths, _ = self.fields_for(exchange, routing_key, headers)
+        if not paths:
+            return None
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return "the body is not JSON: its sensitive fields cannot be encrypted"
+        bare = [p for p in paths if (f := find_field(parsed, p))[0] and not is_envelope(f[1])]
+        if not bare:
+            return None
+        return (
+            f"sensitive field(s) {', '.join(bare)} in plaintext: write the row with "
+            "add(..., encryptor=rmqkit.outbox.Encryptor...) — the relay never publishes them so"
+        )
 
 
 @dataclass(frozen=True)

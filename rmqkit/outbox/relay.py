@@ -36,7 +36,7 @@ from typing import Any, Final
 from rmqkit.broker.session import CONNECTION_ERRORS, Outcome
 from rmqkit.errors import BrokerUnavailable, ConfigError, DataError, RmqkitError
 from rmqkit.outbox.amqp import Broker, Row
-from rmqkit.outbox.edge import Edge, Routed
+from rmqkit.outbox.edge import Edge, Encryptor, Routed
 from rmqkit.outbox.metrics import RelayMetrics
 from rmqkit.outbox.queries import RETENTION_CHUNK, ids_in, queries_for
 from rmqkit.outbox.schema import CHANNEL, TABLE
@@ -98,6 +98,9 @@ class Relay:
         # Rows with a delay go through the ladder with or without a topology; the topology adds
         # lanes and work queues' default delays (a default beyond the ladder: 65 at start).
         self.edge = Edge(options.topology)
+        # With a topology, rows for queues that encrypt are checked (never encrypted here: the
+        # relay holds no key ring, and the table must not hold plaintext in the first place).
+        self.guard = Encryptor(topology=self.edge.topology)
         self.pg = self.store.dialect.name == "postgresql"
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.broker = Broker(settings, window=max(options.batch, 1), name="rmqkit outbox relay")
@@ -291,6 +294,9 @@ class Relay:
         for row in rows:
             try:
                 headers = json.loads(row.headers) if row.headers else None
+                bare = self.guard.plaintext(row.exchange, row.routing_key, row.body, headers)
+                if bare is not None:
+                    raise DataError(bare)
                 routed = self.edge.route(
                     row.exchange,
                     row.routing_key,

@@ -321,7 +321,12 @@ def test_outbox_row_holds_ciphertext_and_the_broker_too(
     conn.commit()
     stored = [bytes(r[0]) for r in conn.execute("SELECT body FROM rmqkit_outbox")]
     assert len(stored) == 10 and not any(SENTINEL.encode() in b for b in stored)
-    assert _relay(vhost, dsn).published == 10
+    # a row written without the encryptor: the relay with the topology refuses to send it
+    bare = rmqkit.outbox.add(conn, exchange="people", routing_key="person", body=_person(99))
+    conn.commit()
+    report = _relay(vhost, dsn, path)
+    assert (report.published, report.left_pending) == (10, 1)
+    assert "tax_id in plaintext" in report.errors[bare]
     got = broker.drain(vhost, "people.work")
     assert len(got) == 10 and not any(SENTINEL.encode() in m["body"] for m in got)
     for message in got:

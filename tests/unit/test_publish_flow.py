@@ -116,3 +116,16 @@ def test_encryptor_takes_the_fields_of_the_queues_that_encrypt() -> None:
         Encryptor(topology=topology).encrypt("media", "person", body)
     fixed = Encryptor(["card.holder"], [], ring)  # without a topology: the same fields always
     assert b"Ada" not in fixed.encrypt("x", "y", b'{"card": {"holder": "Ada"}}')
+
+
+def test_plaintext_guard_needs_no_key_ring() -> None:
+    topology = parse_topology(FILE, "flow.toml")
+    guard = Encryptor(topology=topology)  # the relay's: no key ring
+    sealed = Encryptor(keyring=generate_keyring(), topology=topology).encrypt(
+        "media", "person", b'{"name": "Ada", "tax_id": "1"}'
+    )
+    assert guard.plaintext("media", "person", sealed) is None
+    assert guard.plaintext("media", "person", b'{"other": 1}') is None  # missing fields: fine
+    assert "name in plaintext" in (guard.plaintext("media", "person", b'{"name": "Ada"}') or "")
+    assert "not JSON" in (guard.plaintext("media", "person", b"raw") or "")
+    assert guard.plaintext("media", "m", b"raw") is None  # a queue that does not encrypt
