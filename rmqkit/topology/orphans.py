@@ -11,16 +11,21 @@ from rmqkit.topology.expand import POLICY_PREFIX, DesiredState
 from rmqkit.topology.flow import PARTITION_EXCHANGE_SUFFIX
 from rmqkit.topology.live import Change, LiveState, queue_settings
 
+# The shapes of the names rmqkit derives from a work queue W (after "W"): a wait queue of a
+# tier and its jitter slots (durations as format_duration_ms spells them), a lane, a partition,
+# each of those two with wait queues of its own.
+_DURATION = r"\d+(?:ms|s|m|h)"
+_WAIT = rf"\.wait\.{_DURATION}(?:\.slot-{_DURATION})?"
+_DERIVED = re.compile(rf"(?:{_WAIT}|\.lane\.[A-Za-z0-9_-]+(?:{_WAIT})?|\.p\d+(?:{_WAIT})?)")
+
 
 def _family_owner(name: str, roots: set[str]) -> str | None:
     """The file's work queue whose derived queue ``name`` is, by its name alone: a wait queue
-    (``W.wait.…``), a lane (``W.lane.L``, ``W.lane.L.wait.…``) or a partition (``W.pN``,
-    ``W.pN.wait.…``) of a work queue ``W`` of the file (``roots``), if any."""
+    (``W.wait.5s``, ``W.wait.5s.slot-2500ms``), a lane (``W.lane.L``, ``W.lane.L.wait.…``) or a
+    partition (``W.pN``, ``W.pN.wait.…``) of a work queue ``W`` of the file (``roots``), if
+    any. ``orders.wait.list`` has no delay where a wait queue has one: not ``orders``'."""
     for root in sorted(roots, key=len, reverse=True):
-        rest = name[len(root) :] if name.startswith(root + ".") else None
-        if rest is None:
-            continue
-        if rest.startswith((".wait.", ".lane.")) or re.fullmatch(r"\.p\d+(\.wait\..+)?", rest):
+        if name.startswith(root + ".") and _DERIVED.fullmatch(name[len(root) :]):
             return root
     return None
 
