@@ -249,8 +249,9 @@ def test_removed_lanes_and_partitions_are_the_files_orphans() -> None:
 
 
 def test_another_files_work_queue_named_like_a_derived_one_is_not_an_orphan() -> None:
-    """A work queue `orders.wait.list` of another file dead-letters into its own parking queue,
-    and its wait queues back into it: neither leads into `orders`' family (finding 9)."""
+    """A work queue `orders.wait.list` of another file (finding 9 of test_oncall_adversarial):
+    it, its wait and parking queues and their policies are not `orders`' — `list` is no delay,
+    and their dead-lettering leads into `orders.wait.list`'s family, not `orders`'."""
     policies = {
         "rmqkit.orders.wait.list": {
             "name": "rmqkit.orders.wait.list",
@@ -275,7 +276,17 @@ def test_another_files_work_queue_named_like_a_derived_one_is_not_an_orphan() ->
         },
     }
     queues = {
-        n: _quorum(n) for n in ("orders.wait.list", "orders.wait.list.wait.2s", "orders.wait.5s")
+        n: _quorum(n)
+        for n in (
+            "orders.wait.list",
+            "orders.wait.list.wait.2s",
+            "orders.wait.list.parking",  # no dead-lettering: the name's shape decides
+            "orders.wait.5s",
+        )
+    }
+    policies["rmqkit.orders.wait.list.parking"] = {
+        "name": "rmqkit.orders.wait.list.parking",
+        "definition": {"overflow": "reject-publish"},
     }
     found = _orphans(
         _live(queues=queues, policies=policies), '[queues.orders]\nretry_delays = ["1s"]\n'
