@@ -20,6 +20,7 @@ class ExitCode:
     ACCESS = 77
     CONFIG = 78
     INTERRUPTED = 130
+    PIPE_CLOSED = 141  # stdout's reader went away (`| head`): 128 + SIGPIPE, as a shell reports it
     # `rmqkit plan` follows `terraform plan -detailed-exitcode`: 2 means "changes pending".
     CHANGES_PENDING = 2
 

@@ -48,6 +48,13 @@ def output_mode(*, force: bool, append: bool) -> OutputMode:
 
 def check_output(path: Path, mode: OutputMode) -> None:
     """Refuse early, before any other work, what ``SafeOutput.open`` would refuse."""
+    if str(path) == "-":
+        # "-" is stdout to a shell user (and `--ids-from -` reads stdin): never a file named
+        # "-" in the working directory, and a file is what the whole-or-nothing write needs.
+        raise UsageError(
+            "-o -: output goes to a file (written whole, fsynced, then renamed), not to "
+            "stdout — give a file name"
+        )
     if path.is_dir():
         raise UsageError(f"{path} is a directory — give a file name")
     if mode is OutputMode.CREATE and (path.exists() or path.is_symlink()):

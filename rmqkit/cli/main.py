@@ -3,6 +3,8 @@ exit codes (docs/exit-codes.md)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import sys
@@ -38,6 +40,8 @@ def keep_global(name: str) -> Any:
     ``settings_from`` reads it; absent, it leaves the root's value alone."""
 
     def keep(ctx: typer.Context, value: Any) -> Any:
+        if name == "vhost":
+            check_vhost(value)
         if value is not None and value is not False:
             root = ctx.find_root()
             if root.obj is None:
@@ -46,6 +50,16 @@ def keep_global(name: str) -> Any:
         return value
 
     return keep
+
+
+def check_vhost(value: str | None) -> None:
+    """``--vhost ''`` is what ``--vhost "$VHOST"`` gives with the variable unset: refuse it
+    rather than act on the URL's vhost (often ``/``) — a purge there is not what was meant."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter(
+            "empty (an unset shell variable?); name the vhost, e.g. --vhost / for the default one",
+            param_hint="'--vhost'",
+        )
 
 
 def _repeated(
@@ -155,6 +169,7 @@ def root(
     )
     for name in ("aiormq", "aio_pika", "httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+    check_vhost(vhost)
     ctx.obj = {
         "url": url,
         "management_url": management_url,
@@ -165,7 +180,30 @@ def root(
 
 def run(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app and exit with the mapped code."""
-    sys.exit(main(argv))
+    code = main(argv)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _pipe_closed()
+    sys.exit(code)
+
+
+def _stdout_is_devnull() -> bool:
+    try:
+        out, null = os.fstat(sys.stdout.fileno()), os.stat(os.devnull)
+    except (OSError, ValueError):
+        return False
+    return (out.st_dev, out.st_ino) == (null.st_dev, null.st_ino)
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout went away (``rmqkit parking list | head``): not an error of
+    rmqkit's. Exit quietly as a command killed by SIGPIPE would (141), with stdout pointed at
+    /dev/null so the interpreter's own last flush does not fail (and print) again."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return ExitCode.PIPE_CLOSED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +239,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rmqkit: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        return _pipe_closed()
+    except SystemExit as exc:
+        # click answers a closed pipe (EPIPE) with sys.exit(1) even when not standalone, and
+        # rich's Console by pointing stdout at /dev/null and exiting 1 (on_broken_pipe): both
+        # are the reader going away, not a bug.
+        cause = exc.__context__
+        if exc.code == 1 and isinstance(cause, OSError) and cause.errno == errno.EPIPE:
+            return _pipe_closed()
+        if exc.code == 1 and _stdout_is_devnull():
+            return ExitCode.PIPE_CLOSED
+        raise
     except Exception:
         traceback.print_exc()
         print(

@@ -170,10 +170,6 @@ def test_ctrl_c_stops_a_purge(fresh_vhost: Any) -> None:
     assert not ignored, f"(delay, exit, left parked) of ignored Ctrl-C: {ignored}; all {outcomes}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 6: `parking list Q | head` exits 1 ('a bug') with nothing on stderr",
-)
 def test_listing_into_a_pipe_closed_early(fresh_vhost: Any) -> None:
     """`rmqkit parking list Q | head -3`: the reader closing the pipe is not a bug. Exit 1 is
     documented as "unexpected bug (traceback shown)", yet nothing is shown; `--json` into the
@@ -414,11 +410,6 @@ def test_import_into_a_work_queue_asks_did_you_mean_its_parking_queue(
     assert f"did you mean '{PARKING}'" in result.stderr, result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 14: parking export --remove -o - writes a file named '-' in the cwd and "
-    "empties the lane; the pipe gets nothing (--ids-from - means stdin)",
-)
 def test_export_to_dash_is_stdout_or_refused(lane: str, tmp_path: Path) -> None:
     """`rmqkit parking export Q --remove -o - | ssh other 'rmqkit parking import ...'`: `-` is
     stdin/stdout to a shell user, and `parking purge --ids-from -` reads stdin. Seen: "exported

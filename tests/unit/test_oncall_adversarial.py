@@ -135,10 +135,6 @@ def test_a_bad_port_is_one_line_exit_78(case: tuple[tuple[str, ...], dict[str, s
     assert SECRET not in result.stdout + result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 4: --vhost '' (an unset $VHOST) silently means the default vhost '/'",
-)
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_an_empty_vhost_is_a_usage_error_not_the_default_vhost(where: str) -> None:
     """`rmqkit parking purge Q --vhost "$VHOST" --yes` with VHOST unset must not act on '/'."""
