@@ -6,6 +6,7 @@ except through the accessors that hand a URL to a client library.
 
 from __future__ import annotations
 
+import re
 import ssl
 from pathlib import Path
 from typing import Any
@@ -22,18 +23,44 @@ DEFAULT_MANAGEMENT_TLS_PORT = 15671
 _AMQP_SCHEMES = {"amqp": 5672, "amqps": 5671}
 
 
+# What comes before the user in a URL typed by hand: a scheme with or without its colon and
+# slashes ("amqp://", "amqp//", "amqp:/"). At least one slash: "ops:pw@host" has no scheme.
+_LOOSE_PREFIX = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:?/+)?")
+
+
 def mask_url(url: str) -> str:
-    """Return ``url`` with its password replaced by ``***`` (safe to print or log)."""
+    """Return ``url`` with its password replaced by ``***`` (safe to print or log).
+
+    Also for a URL typed wrong (``amqp//ops:pw@host``, ``ops:pw@host``, a bad port), which is
+    exactly what an error message quotes: anything between the user's ``:`` and the last ``@``
+    is masked then."""
     parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or out of range
+        return _mask_loosely(url)
     if parts.password is None:
-        return url
+        return _mask_loosely(url) if "@" in url else url
     host = parts.hostname or ""
     if ":" in host:  # IPv6 literal
         host = f"[{host}]"
     netloc = f"{parts.username or ''}:***@{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
+    if port is not None:
+        netloc += f":{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _mask_loosely(url: str) -> str:
+    at = url.rfind("@")
+    if at < 0:
+        return url
+    head, tail = url[:at], url[at:]
+    prefix = _LOOSE_PREFIX.match(head)
+    start = prefix.end() if prefix else 0
+    colon = head.find(":", start)
+    if colon < 0:  # a user without a password
+        return url
+    return f"{head[: colon + 1]}***{tail}"
 
 
 def vhost_of(url: str) -> str:
@@ -93,8 +120,21 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"{mask_url(url)} is not an AMQP URL (amqp://user:pass@host:5672/vhost)"
                 )
+            _check_port(url, "amqp://user:pass@host:5672/vhost")
             if vhost_of(url) != vhost_of(urls[0]):
                 raise ValueError("all RMQKIT_URL entries must name the same vhost")
+        return value
+
+    @field_validator("management_url")
+    @classmethod
+    def _check_management_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        url = value.get_secret_value().strip()
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{mask_url(url)} is not an HTTP URL (http://host:15672)")
+        _check_port(url, "http://host:15672")
         return value
 
     @property
@@ -184,6 +224,15 @@ class Settings(BaseSettings):
         return (str(self.keyring_file) if self.keyring_file else None, inline or None)
 
 
+def _check_port(url: str, example: str) -> None:
+    try:
+        _ = urlsplit(url).port  # raises on a bad one
+    except ValueError:
+        raise ValueError(
+            f"{mask_url(url)} has a bad port (a number from 1 to 65535: {example})"
+        ) from None
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Build settings; ``overrides`` (from flags) beat environment, ``.env`` and defaults.
 
@@ -197,4 +246,6 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         name = "RMQKIT_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
-        raise ConfigError(f"{name}: {first['msg']}") from None
+        # pydantic words a validator's error "Value error, <ours>": the prefix says nothing.
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{name}: {message}") from None
