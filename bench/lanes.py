@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import rmqkit
 from bench import common
 
 TOPOLOGY = """
@@ -66,7 +67,7 @@ LARGE_SHARE, LARGE_S, SMALL_S = 0.05, 0.5, 0.002
 
 
 # --- the handler (runs in the rmqkit consume worker) ----------------------------------------------
-async def handle(message: Any) -> None:
+async def handle(message: rmqkit.Message) -> None:
     """Sleep the job's time, then append (kind, sent, end) to BENCH_LANES_OUT."""
     body = json.loads(message.body)
     await asyncio.sleep(body["sleep"])
@@ -246,6 +247,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             topology = Path(tmp) / "lanes.toml"
             topology.write_text(TOPOLOGY)
+            common.wait_for_broker(url)
             common.declare(topology, url)
             modes = list(MODES)
             for round_ in range(args.rounds):
