@@ -381,6 +381,13 @@ def _check_references(topology: Topology, text: str) -> None:
                 f"exchange {binding.source!r} is not declared in the file",
             )
         known = queues_all if binding.destination_type == "queue" else exchanges_all
+        if binding.destination_type == "queue" and binding.destination in partitioned:
+            fail(
+                ("bindings", index, "destination"),
+                f"{binding.destination!r} is partitioned, not a queue: bind to its exchange "
+                f"{flow.partition_exchange_name(binding.destination)!r} (destination_type = "
+                '"exchange")',
+            )
         if binding.destination not in known:
             fail(
                 ("bindings", index, "destination"),

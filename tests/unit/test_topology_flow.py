@@ -242,7 +242,7 @@ def test_topic_matching(pattern: str, key: str, hit: bool) -> None:
             "[queues.w]\npartitions = 2\npartition_key = 'k'\n"
             "[[bindings]]\nsource = 'amq.direct'\ndestination = 'w'\n",
             "bindings[0].destination",
-            "not declared",
+            "is partitioned, not a queue: bind to its exchange 'w.partition'",
         ),
     ],
 )
