@@ -176,7 +176,10 @@ def publish(
         )
     )
     if as_json:
-        print(json.dumps(report.as_dict()))
+        summary = report.as_dict()
+        if edge is not None:  # only with --topology/--delay: the plain summary keeps its keys
+            summary |= _edge_counts(routed)
+        print(json.dumps(summary))
     else:
         stderr.print(
             f"published {report.published}, confirmed {report.confirmed}, returned "
@@ -277,6 +280,14 @@ def _at_edge(
             )
         )
     return out, routed
+
+
+def _edge_counts(routed: list[Routed]) -> dict[str, object]:
+    """``--json`` with --topology/--delay: messages per lane queue, and how many were delayed."""
+    return {
+        "lanes": dict(sorted(Counter(r.lane for r in routed if r.lane).items())),
+        "delayed": sum(1 for r in routed if r.applied_ms),
+    }
 
 
 def _edge_summary(routed: list[Routed]) -> None:

@@ -194,14 +194,18 @@ def test_publish_picks_the_lane_by_header_and_by_body_size(setup: tuple[str, Pat
     result = publish(vhost, stdin, "media", "media", "--ndjson", "--topology", str(path))
     assert result.returncode == 0, result.stderr
     assert "1 to lane media.work.lane.big; 1 to lane media.work.lane.large" in result.stderr
+    again = publish(vhost, stdin, "media", "media", "--ndjson", "--topology", str(path), "--json")
+    summary = json.loads(again.stdout)
+    assert summary["lanes"] == {"media.work.lane.big": 1, "media.work.lane.large": 1}
+    assert (summary["confirmed"], summary["delayed"]) == (4, 0)
     work = broker.drain(vhost, "media.work")
     large = broker.drain(vhost, "media.work.lane.large")
     big = broker.drain(vhost, "media.work.lane.big")
-    assert sorted(m["body"] for m in work) == [b"small-1", b"small-2"]
-    assert [m["body"] for m in large] == [b"tagged"]
+    assert sorted(m["body"] for m in work) == [b"small-1", b"small-1", b"small-2", b"small-2"]
+    assert [m["body"] for m in large] == [b"tagged", b"tagged"]
     headers = {k: v for k, v in large[0]["headers"].items() if k != "x-delivery-count"}
     assert headers == {"x-lane": "large", "k": "v"}  # headers kept
-    assert [m["message_id"] for m in big] == ["huge-1"]  # message_id kept
+    assert [m["message_id"] for m in big] == ["huge-1", "huge-1"]  # message_id kept
 
 
 # --- encryption --------------------------------------------------------------------------------
