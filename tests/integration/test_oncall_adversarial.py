@@ -315,11 +315,6 @@ def test_parking_commands_name_a_management_api_of_another_cluster(
     assert _depth(name) == 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 9: plan a.toml calls b.toml's work queue orders.wait.list (and its parking "
-    "lane) orphans of orders, with a paste-ready delete_queue",
-)
 def test_plan_never_calls_another_files_work_queue_an_orphan(
     fresh_vhost: Any, tmp_path: Path
 ) -> None:
