@@ -5,6 +5,8 @@ Real SQLite files and the real PostgreSQL (RMQKIT_TEST_POSTGRES_DSN), one schema
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sqlite3
 from datetime import timedelta
 from pathlib import Path
@@ -14,12 +16,13 @@ import psycopg
 import pytest
 
 import rmqkit.outbox
+from rmqkit.crypto import decrypt_fields, generate_keyring
 from rmqkit.delay import DelayRangeError
-from rmqkit.outbox import add
+from rmqkit.outbox import add, add_async, add_sqlalchemy
 from rmqkit.outbox.queries import queries_for
 from rmqkit.outbox.schema import TABLE, ddl
 from rmqkit.outbox.write import delay_ms_of
-from rmqkit.store import POSTGRESQL, SQLITE, Dialect
+from rmqkit.store import POSTGRESQL, SQLITE, Dialect, Store
 from tests.unit.test_outbox_write import pg_dsn  # noqa: F401 (fixture)
 
 
@@ -83,3 +86,35 @@ def test_postgresql_table_without_the_column_is_migrated_by_init(pg_dsn: str) ->
         claim = POSTGRESQL.q(queries_for(POSTGRESQL).claim_due)
         rows = conn.execute(claim, (10,)).fetchall()
         assert [r[9] for r in rows] == [None, 7000] and all(0 <= r[10] < 60_000 for r in rows)
+
+
+def test_async_and_sqlalchemy_writers_store_delay_and_ciphertext(tmp_path: Path) -> None:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from sqlalchemy.orm import Session
+
+    path = tmp_path / "app.db"
+    rmqkit.outbox.init(f"sqlite:///{path}")
+    ring = generate_keyring()
+    enc = rmqkit.outbox.Encryptor(["card.holder"], [], ring)
+    body = {"card": {"holder": "SENTINEL-holder"}}
+
+    async def main() -> None:
+        async with Store(f"sqlite:///{path}").transaction_async() as aconn:
+            await add_async(
+                aconn, exchange="ev", routing_key="k", body=body, delay="3s", encryptor=enc
+            )
+
+    asyncio.run(main())
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    with Session(engine) as session, session.begin():
+        add_sqlalchemy(session, exchange="ev", routing_key="k", body=body, encryptor=enc)
+        add_sqlalchemy(session, exchange="ev", routing_key="k", body=body, delay="0s")
+    engine.dispose()
+    with sqlite3.connect(path) as check:
+        rows = check.execute(f"SELECT delay_ms, body FROM {TABLE} ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == [3000, None, 0]
+    assert [b"SENTINEL" in bytes(r[1]) for r in rows] == [False, False, True]
+    assert (
+        decrypt_fields(bytes(rows[0][1]), None, ring)
+        == json.dumps(body, separators=(",", ":")).encode()
+    )
