@@ -8,8 +8,8 @@ each check, why it matters and the fix.
 This package owns the checklist: ``CHECKS``, in the order doctor reports them, is the one
 registry. The checks live by what they look at: ``dead_letters`` (where rejected messages go),
 ``lanes`` (parking and work queue bounds), ``traffic`` (messages at risk in flight),
-``config`` (policies, timeouts, the topology file) and ``cluster`` (the nodes: alarms, quorum
-queue members);
+``config`` (policies, timeouts, the topology file), ``cluster`` (the nodes: alarms, quorum
+queue members) and ``delayed`` (delay ladders);
 ``common`` holds what they share.
 ``DEDUPE_CHECK`` (``dedupe``) runs only when doctor is given an idempotent-consumer store.
 """
@@ -29,6 +29,7 @@ from rmqkit.health.checks.dead_letters import (
     quorum_without_dead_letter,
 )
 from rmqkit.health.checks.dedupe import DEDUPE_CHECK, dedupe_window_short
+from rmqkit.health.checks.delayed import delayed_stuck
 from rmqkit.health.checks.lanes import parking_limit_or_ttl, unbounded_work_queue
 from rmqkit.health.checks.traffic import (
     growing_without_consumers,
@@ -68,6 +69,7 @@ CHECKS: tuple[Check, ...] = (
         "queue growing with no consumers",
         growing_without_consumers,
     ),
+    Check("delayed-stuck", "delayed messages due but not taken by their target", delayed_stuck),
     Check("unbounded-work-queue", "work queue without a length bound", unbounded_work_queue),
     Check(
         "handler-timeout-above-consumer-timeout",
@@ -90,6 +92,7 @@ __all__ = [
     "classic_mirrored_policies",
     "dead_letter_target_missing",
     "dedupe_window_short",
+    "delayed_stuck",
     "growing_without_consumers",
     "handler_timeout_above_consumer_timeout",
     "parking_limit_or_ttl",
