@@ -173,7 +173,7 @@ def display_rows(report: StatusReport) -> list[list[_Row]]:
                 label = f"{tier} ({len(members)} rung{'s' if len(members) != 1 else ''})"
                 role = "delayed"
                 if stuck.get(tier):
-                    notes.add(f"{stuck[tier]} due but not accepted by their target")
+                    notes.add(f"{stuck[tier]} stuck")  # due, not taken: see the warning
             else:
                 label = tier + (f" (+{slots} slot{'s' if slots != 1 else ''})" if slots else "")
                 role = "wait"
