@@ -158,7 +158,11 @@ def publish(
         messages, routed = _at_edge(messages, exchange, routing_key, *edge, delay_ms)
 
         async def prepare(session: Session) -> None:
-            await edge[0].declare(session, routed)
+            failed = await edge[0].declare(session, routed)
+            if failed:  # nothing is published: a delayed message would wait for its exit
+                (exchange_, key_), error = next(iter(failed.items()))
+                where = f"exchange {exchange_!r}" if exchange_ else f"queue {key_!r}"
+                raise DataError(f"delayed messages for {where}: {error}")
 
     report = run_async(
         publish_messages(

@@ -245,16 +245,25 @@ class Edge:
             plan.exchange, plan.routing_key, plan.headers, lane, left, plan.applied_ms, target
         )
 
-    async def declare(self, session: Session, routed: Iterable[Routed]) -> None:
+    async def declare(
+        self, session: Session, routed: Iterable[Routed]
+    ) -> dict[tuple[str, str], DataError]:
         """Declare the ladder and the exits the ``routed`` messages need, each once per Edge
-        (idempotent on the broker; the cache saves the round trips)."""
+        (idempotent on the broker; the cache saves the round trips). Returns the exits that
+        could not be declared (their target exchange or queue is missing: 65) with the error,
+        so only the messages for them fail; a ladder that cannot be declared raises."""
         targets = {r.target for r in routed if r.target is not None} - self._exits
+        failed: dict[tuple[str, str], DataError] = {}
         if not targets:
-            return
+            return failed
         if not self._declared_ladder:
-            await declare_ladder(session, self.ladder, sorted(targets))
+            await declare_ladder(session, self.ladder)
             self._declared_ladder = True
-        else:
-            for exchange, key in sorted(targets):
-                await declare_target(session, self.ladder, exchange, key)
-        self._exits |= targets
+        for target in sorted(targets):
+            try:
+                await declare_target(session, self.ladder, *target)
+            except DataError as exc:
+                failed[target] = exc
+            else:
+                self._exits.add(target)
+        return failed

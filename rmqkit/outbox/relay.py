@@ -320,10 +320,13 @@ class Relay:
             )
         if delayed:
             try:
-                await self.edge.declare(self.broker.session, (r for _, r in delayed))
-            except DataError as exc:  # a target exchange missing, a ladder conflict: retry later
-                for i, _ in delayed:
-                    out[i] = replace(out[i], routing_problem=f"delay ladder: {exc}")
+                failed = await self.edge.declare(self.broker.session, (r for _, r in delayed))
+            except DataError as exc:  # the ladder itself (a conflicting rung): retry later
+                failed = {r.target: exc for _, r in delayed if r.target is not None}
+            for i, routed in delayed:
+                if routed.target in failed:  # its target exchange or queue is missing
+                    problem = f"delay ladder exit: {failed[routed.target]}"
+                    out[i] = replace(out[i], routing_problem=problem)
         return out
 
     async def _mark(self, rows: Sequence[Row], outcomes: Sequence[Outcome | str | None]) -> None:

@@ -173,6 +173,14 @@ def test_delay_beyond_the_ladder_is_65_and_publishes_nothing(setup: tuple[str, P
     assert in_ladder(vhost) == 0  # nothing in the ladder
 
 
+def test_delay_to_a_missing_queue_is_65_and_publishes_nothing(setup: tuple[str, Path]) -> None:
+    vhost, _ = setup
+    result = publish(vhost, "a\n", "", "no.such.queue", "--delay", "1s")
+    assert result.returncode == 65, result.stderr
+    assert "no.such.queue" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert in_ladder(vhost) == 0
+
+
 def test_topology_default_delay_and_an_explicit_zero(setup: tuple[str, Path]) -> None:
     vhost, path = setup
     result = publish(vhost, "d1\nd2\n", "later", "l", "--topology", str(path))
@@ -286,6 +294,22 @@ def test_outbox_delay_through_the_relay(
         conn.close()
         if schema is not None:
             drop_schema(schema)
+
+
+def test_outbox_delayed_row_to_a_missing_exchange_waits_alone(
+    setup: tuple[str, Path], tmp_path: Path
+) -> None:
+    vhost, _ = setup
+    dsn = f"sqlite:///{tmp_path}/app.db"
+    rmqkit.outbox.init(dsn)
+    conn = sqlite3.connect(tmp_path / "app.db")
+    lost = rmqkit.outbox.add(conn, exchange="nope", routing_key="x", body="?", delay="1s")
+    good = rmqkit.outbox.add(conn, exchange="jobs", routing_key="job", body="!", delay="1s")
+    conn.commit()
+    report = _relay(vhost, dsn)
+    assert (report.published, report.left_pending) == (1, 1), report.errors
+    assert "delay ladder exit" in report.errors[lost] and "nope" in report.errors[lost]
+    assert [m["message_id"] for m in arrive(vhost, "jobs.work", 1, timeout_s=15)] == [good]
 
 
 def test_outbox_lanes_and_default_delay_at_relay_time(
