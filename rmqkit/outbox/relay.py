@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import random
@@ -29,16 +28,17 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from rmqkit.broker.session import CONNECTION_ERRORS, Outcome
-from rmqkit.errors import BrokerUnavailable, ConfigError, DataError, RmqkitError
+from rmqkit.errors import BrokerUnavailable, ConfigError, RmqkitError
 from rmqkit.outbox.amqp import Broker, Row
-from rmqkit.outbox.edge import Edge, Encryptor, Routed
+from rmqkit.outbox.edge import Edge, Encryptor
 from rmqkit.outbox.metrics import RelayMetrics
 from rmqkit.outbox.queries import RETENTION_CHUNK, ids_in, queries_for
+from rmqkit.outbox.rows import route_rows
 from rmqkit.outbox.schema import CHANNEL, TABLE
 from rmqkit.settings import Settings
 from rmqkit.store import AsyncConnection, Store, map_db_error, open_connection_async
@@ -265,7 +265,7 @@ class Relay:
             rows = [Row.of(v) for v in found]
             if not rows:
                 return 0
-            rows = await self._route(rows)
+            rows = await route_rows(self.edge, self.guard, self.broker.session, rows)
             log.debug("claimed %d rows, ids %d..%d", len(rows), rows[0].id, rows[-1].id)
             renewing = None if self.pg else asyncio.create_task(self._keep_lease())
             try:
@@ -283,51 +283,6 @@ class Relay:
         if self.broker.lost:
             raise BrokerUnavailable("the broker connection was lost during a batch")
         return len(rows)
-
-    async def _route(self, rows: list[Row]) -> list[Row]:
-        """The rows as they are published: to their lane, through the delay ladder (declared
-        first, once per process); a row that cannot be routed gets its ``routing_problem``."""
-        if self.edge.topology is None and all(row.delay_ms is None for row in rows):
-            return rows
-        out: list[Row] = []
-        delayed: list[tuple[int, Routed]] = []
-        for row in rows:
-            try:
-                headers = json.loads(row.headers) if row.headers else None
-                bare = self.guard.plaintext(row.exchange, row.routing_key, row.body, headers)
-                if bare is not None:
-                    raise DataError(bare)
-                routed = self.edge.route(
-                    row.exchange,
-                    row.routing_key,
-                    headers,
-                    len(row.body),
-                    delay_ms=row.delay_ms,
-                    waited_ms=row.age_ms,
-                )
-            except (DataError, ValueError) as exc:
-                out.append(replace(row, routing_problem=str(exc)))
-                continue
-            if routed.target is not None:
-                delayed.append((len(out), routed))
-            out.append(
-                replace(
-                    row,
-                    exchange=routed.exchange,
-                    routing_key=routed.routing_key,
-                    headers=None if routed.headers is None else json.dumps(routed.headers),
-                )
-            )
-        if delayed:
-            try:
-                failed = await self.edge.declare(self.broker.session, (r for _, r in delayed))
-            except DataError as exc:  # the ladder itself (a conflicting rung): retry later
-                failed = {r.target: exc for _, r in delayed if r.target is not None}
-            for i, routed in delayed:
-                if routed.target in failed:  # its target exchange or queue is missing
-                    problem = f"delay ladder exit: {failed[routed.target]}"
-                    out[i] = replace(out[i], routing_problem=problem)
-        return out
 
     async def _mark(self, rows: Sequence[Row], outcomes: Sequence[Outcome | str | None]) -> None:
         """Confirmed rows published; failed rows back off; rows not sent (None) untouched."""
