@@ -46,7 +46,13 @@ def consume(
         ...,
         help="The handler as module:function (imported from the current directory, like uvicorn).",
     ),
-    queue: str = typer.Option(..., "--queue", "-q", help="The work queue to consume."),
+    queue: str = typer.Option(
+        ...,
+        "--queue",
+        "-q",
+        help="The work queue to consume, with its lanes (each its own prefetch and handler "
+        "slots) or, if partitioned, all its partitions.",
+    ),
     topology: Path | None = typer.Option(
         None,
         "--topology",
@@ -133,6 +139,8 @@ def consume(
 ) -> None:
     """Consume QUEUE with HANDLER under supervision: manual acks, retries through the wait
     queues, poison and exhausted messages to parking. SIGTERM stops gracefully (exit 0).
+    Encrypted fields are decrypted for the handler with the key ring (RMQKIT_KEYRING_FILE or
+    RMQKIT_KEYRING); a message that cannot be decrypted is parked as undecryptable.
 
     Refuses to start (exit 78) when the queues' wiring in effect would drop or misroute
     messages (e.g. a wait queue that does not dead-letter back to QUEUE)."""
