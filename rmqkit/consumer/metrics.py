@@ -127,8 +127,10 @@ class ConsumerMetrics:
         self._stale = 0
         self._superseded = 0
         self.threads_exhausted_now = False  # until the worker is recycled: not ready
-        self.connected = False
-        self.consuming = False
+        # Per queue served (a worker serves a work queue's lanes or partitions too, each with
+        # its own connection): ready only when every one of them is connected and consuming.
+        self._connected: dict[str, bool] = {}
+        self._consuming: dict[str, bool] = {}
         self.last_heartbeat = time.monotonic()
 
         self.registry = CollectorRegistry(auto_describe=True)
@@ -169,11 +171,27 @@ class ConsumerMetrics:
     def reconnected(self) -> None:
         self._reconnects += 1
 
-    def set_connected(self, connected: bool) -> None:
-        self.connected = connected
+    def set_connected(self, connected: bool, queue: str = "") -> None:
+        """Whether the consumer of ``queue`` (one of the worker's queues) is connected."""
+        self._connected[queue] = connected
 
-    def set_consuming(self, consuming: bool) -> None:
-        self.consuming = consuming
+    def set_consuming(self, consuming: bool, queue: str = "") -> None:
+        """Whether the consumer of ``queue`` is registered with the broker."""
+        self._consuming[queue] = consuming
+
+    @property
+    def connected(self) -> bool:
+        """Every queue's consumer is connected (False before the first connection)."""
+        return bool(self._connected) and all(self._connected.values())
+
+    @property
+    def consuming(self) -> bool:
+        """Every queue's consumer is consuming."""
+        return bool(self._consuming) and all(self._consuming.values())
+
+    def _not(self, states: dict[str, bool]) -> str:
+        names = [queue for queue, up in states.items() if not up and queue]
+        return f" ({', '.join(names)})" if names and len(states) > 1 else ""
 
     def set_stuck_handlers(self, stuck: int) -> None:
         """Sync handler calls still running past their timeout."""
@@ -200,10 +218,10 @@ class ConsumerMetrics:
         """Conflation: a newer message with the same key replaced this one; acked unhandled."""
         self._superseded += 1
 
-    def cancelled_by_broker(self) -> None:
-        """The broker cancelled this consumer (basic.cancel)."""
+    def cancelled_by_broker(self, queue: str = "") -> None:
+        """The broker cancelled the consumer of ``queue`` (basic.cancel)."""
         self._cancelled_by_broker += 1
-        self.consuming = False
+        self._consuming[queue] = False
 
     def heartbeat(self) -> None:
         """Called periodically by the runner's loop; ``/healthz`` fails when it stops."""
@@ -221,9 +239,9 @@ class ConsumerMetrics:
                 "the worker is being recycled"
             )
         if not self.connected:
-            return "not connected to the broker"
+            return "not connected to the broker" + self._not(self._connected)
         if not self.consuming:
-            return "connected but not consuming"
+            return "connected but not consuming" + self._not(self._consuming)
         return None
 
     # --- exposition -------------------------------------------------------------------------

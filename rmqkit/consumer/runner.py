@@ -130,8 +130,8 @@ class Consumer(Dispatcher):
                 start = (start + 1) % len(urls)
                 await self._sleep_unless_stopped(delay)
             finally:
-                self.metrics.set_connected(False)
-                self.metrics.set_consuming(False)
+                self.metrics.set_connected(False, self.config.queue)
+                self.metrics.set_consuming(False, self.config.queue)
                 if not conn.is_closed:
                     await asyncio.shield(self._close_quietly(conn))
 
@@ -156,12 +156,12 @@ class Consumer(Dispatcher):
             # it); ours (drain, leaving cautious mode) end with cancel-ok and are not reported.
             if tag == self._consumer_tag and not cancelled.done():
                 cancelled.set_result(tag)
-                self.metrics.cancelled_by_broker()
+                self.metrics.cancelled_by_broker(self.config.queue)
 
         channel.add_cancel_listener(on_cancel)
         self._consumer_tag = await channel.consume(self.config.queue, self._on_delivery)
-        self.metrics.set_connected(True)
-        self.metrics.set_consuming(True)
+        self.metrics.set_connected(True, self.config.queue)
+        self.metrics.set_consuming(True, self.config.queue)
         log.info(
             "consuming %s on %s (prefetch %s)",
             self.config.queue,
@@ -216,7 +216,7 @@ class Consumer(Dispatcher):
 
     async def _drain(self, channel: Channel, consumer_tag: str, tracker: AckTracker) -> None:
         """Graceful stop: cancel the consumer, let in-flight handlers finish, ack, close."""
-        self.metrics.set_consuming(False)
+        self.metrics.set_consuming(False, self.config.queue)
         try:
             await channel.cancel(consumer_tag)
         except Exception:

@@ -66,3 +66,18 @@ def test_without_a_topology_the_served_queues_come_from_the_brokers_names() -> N
         "orders.work.p10",
     ]
     assert served_from_names(names, "other") == [Served("other")]
+
+
+def test_readiness_needs_every_served_queue_connected_and_consuming() -> None:
+    from rmqkit.consumer.metrics import ConsumerMetrics
+
+    metrics = ConsumerMetrics("media.work")
+    for queue in ("media.work", "media.work.lane.slow"):
+        metrics.set_connected(True, queue)
+        metrics.set_consuming(True, queue)
+    assert metrics.not_ready_reason() is None
+    metrics.cancelled_by_broker("media.work.lane.slow")
+    assert metrics.not_ready_reason() == "connected but not consuming (media.work.lane.slow)"
+    metrics.set_consuming(True, "media.work.lane.slow")
+    metrics.set_connected(False, "media.work")
+    assert metrics.not_ready_reason() == "not connected to the broker (media.work)"
