@@ -16,6 +16,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import traceback as traceback_module
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -246,6 +247,13 @@ def _classify(exc: Exception, permanent_types: frozenset[str]) -> Outcome:
 
 def _undecodable(exc: Exception, detail: str) -> Undecodable:
     failed = Failed.from_exception(exc)
+    if isinstance(exc, ValidationError):
+        # pydantic's own text quotes the input values (input_value=...): the body, decrypted
+        # fields included. The stored and logged traceback keeps the frames and ends with the
+        # value-free detail instead.
+        frames = "".join(traceback_module.format_tb(exc.__traceback__))
+        text = f"Traceback (most recent call last):\n{frames}{failed.exc_type}: {detail}\n"
+        return Undecodable(detail, exc_type=failed.exc_type, traceback=text)
     return Undecodable(detail, exc_type=failed.exc_type, traceback=failed.traceback_text())
 
 

@@ -521,6 +521,20 @@ def test_validation_error_raised_inside_the_handler_is_undecodable() -> None:
     assert outcome.exc_type.endswith("ValidationError")
 
 
+def test_a_validation_error_inside_the_handler_keeps_the_bodys_values_out_of_its_traceback() -> (
+    None
+):
+    # pydantic's str() quotes input values; the traceback is stored with a parked message and
+    # logged, and the body may hold decrypted personal data (issue 16)
+    body = b'{"id": "SENTINEL-in-id", "qty": "SENTINEL-in-qty"}'
+    outcome = run(load("ok:handle_validate_inside"), Message(body))
+    assert isinstance(outcome, Undecodable)
+    assert "SENTINEL" not in outcome.detail
+    assert "SENTINEL" not in outcome.traceback
+    assert "handle_validate_inside" in outcome.traceback  # the frames are kept
+    assert outcome.traceback.rstrip().endswith(outcome.detail)
+
+
 def test_handlers_own_timeout_error_is_transient_not_a_handler_timeout() -> None:
     outcome = run(load("ok:raise_own_timeout"), Message(b""), timeout_s=30)
     assert isinstance(outcome, Failed)
