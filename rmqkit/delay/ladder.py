@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 
 from rmqkit import headers as h
 from rmqkit.delay.objects import Binding, Exchange, LadderObjects, Queue
-from rmqkit.durations import format_duration_ms
+from rmqkit.durations import age_text, format_duration_ms
 from rmqkit.errors import DataError
 
 # --- the headers a delayed message carries ------------------------------------------------------
@@ -168,8 +168,9 @@ class Ladder:
         if delay_ms > self.max_delay_ms:
             raise DelayRangeError(
                 f"delay {format_duration_ms(delay_ms)} exceeds the maximum of delay ladder "
-                f"{self.base!r}: {format_duration_ms(self.max_delay_ms)} "
-                f"({self.bits} rungs of {format_duration_ms(self.unit_ms)})"
+                f"{self.base!r}: about {age_text(self.max_delay_ms / 1000)} "
+                f"({format_duration_ms(self.max_delay_ms)}: {self.bits} rungs of "
+                f"{format_duration_ms(self.unit_ms)})"
             )
         return -(-delay_ms // self.unit_ms)
 

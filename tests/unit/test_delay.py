@@ -88,7 +88,8 @@ def test_a_delay_beyond_the_maximum_is_refused_with_the_maximum_named() -> None:
     with pytest.raises(DelayRangeError) as caught:
         ladder.plan(1501, "work", "k")
     assert str(caught.value) == (
-        "delay 1501ms exceeds the maximum of delay ladder 't.100ms': 1500ms (4 rungs of 100ms)"
+        "delay 1501ms exceeds the maximum of delay ladder 't.100ms': about 2s "
+        "(1500ms: 4 rungs of 100ms)"
     )
     assert isinstance(caught.value, DataError) and caught.value.exit_code == 65
     for bad in (-1, 1.5, True, "10"):
