@@ -168,7 +168,8 @@ def test_delay_beyond_the_ladder_is_65_and_publishes_nothing(setup: tuple[str, P
     assert result.returncode == 65, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "exceeds the maximum" in lines[0], result.stderr
-    assert "about 1.2d (104857500ms: 20 rungs of 100ms)" in lines[0], lines[0]  # the ladder's maximum
+    # the ladder's maximum
+    assert "about 1.2d (104857500ms: 20 rungs of 100ms)" in lines[0], lines[0]
     assert depth(vhost, "jobs.work") == 0
     assert in_ladder(vhost) == 0  # nothing in the ladder
 
