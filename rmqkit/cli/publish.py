@@ -62,7 +62,11 @@ def publish(
         help="A random message_id per message and run: publishing the same input twice then "
         "makes new messages, not recognisable duplicates.",
     ),
-    content_type: str | None = typer.Option(None, "--content-type"),
+    content_type: str | None = typer.Option(
+        None,
+        "--content-type",
+        help="The content_type property of every message (e.g. application/json); none if unset.",
+    ),
     window: int = typer.Option(
         1000, "--window", min=1, max=65535, help="Unconfirmed messages in flight."
     ),
