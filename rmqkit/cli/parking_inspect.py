@@ -195,7 +195,10 @@ def stats_cmd(
     ctx: typer.Context,
     sel: Selection,
     max_count: int | None = typer.Option(
-        None, "--max-count", help="Check: critical (2) above N, warning (1) above 80% of N."
+        None,
+        "--max-count",
+        min=0,  # a sign typo (-1) would page forever: a usage error instead
+        help="Check: critical (2) above N, warning (1) above 80% of N.",
     ),
     max_age: str | None = typer.Option(
         None, "--max-age", help="Check: critical (2) if the oldest is older, warning (1) at 80%."

@@ -369,10 +369,6 @@ def test_replay_to_a_mistyped_exchange_is_refused_up_front(lane: str) -> None:
         assert "ordrs" in result.stderr, result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 12: parking stats --max-count -1 is accepted: a check that is always CRITICAL",
-)
 def test_a_negative_threshold_is_a_usage_error(lane: str) -> None:
     """--limit 0/-1 and --rate 0 are usage errors (64); --max-age -5m is too; --max-count -1
     (a sign typo in a monitoring config) is taken and pages forever: "PARKING CRITICAL: 6
