@@ -22,18 +22,14 @@ from tests.consumer_harness import ROOT, ConsumerProcess, wait_until
 from tests.flow_handlers import read_rows
 
 TOPOLOGY = str(ROOT / "tests" / "topologies" / "lanes.toml")
-FALLBACK = str(ROOT / "tests" / "topologies" / "lanes_fallback.toml")
 WORK, LANE, PARKING = "media.work", "media.work.lane.slow", "media.work.parking"
 SLOW, SMALL = 8, 100
 
 
 def declare_lanes(vhost: str) -> None:
-    """Declare lanes.toml (its lane too, once `declare` expands lanes; before that, the lane
-    queue from lanes_fallback.toml)."""
-    settings = broker.settings_for(vhost)
-    broker.run(declare_topology(settings, load_topology(TOPOLOGY)))
-    if LANE not in broker.queue_names(vhost):
-        broker.run(declare_topology(settings, load_topology(FALLBACK)))
+    """Declare lanes.toml: the work queue, its lane queue, their wait queues, one parking."""
+    broker.run(declare_topology(broker.settings_for(vhost), load_topology(TOPOLOGY)))
+    assert LANE in broker.queue_names(vhost)
 
 
 def bodies(kind: str, count: int, sleep: float) -> list[tuple[str, bytes]]:
