@@ -122,6 +122,10 @@ async def replay_parked(
     interval = 1.0 / rate if rate else 0.0
     next_at = time.monotonic()
     async with parking_session(settings, queue) as session:
+        if to_exchange:
+            # Up front, dry run too: publishing to a missing exchange closes the channel (404)
+            # part way through, and the dry run is what is meant to catch a typo.
+            await session.amqp.require_exchange(to_exchange)
         total = report.queue_total = await ready_count(session)
         channel = await session.amqp.channel(confirms=True, window=PUBLISH_WINDOW)
         publisher = channel.publisher

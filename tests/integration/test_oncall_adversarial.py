@@ -348,11 +348,6 @@ def lane(fresh_vhost: Any) -> str:
     return vhost
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 11: replay --to-exchange with a typo: the dry run approves it (exit 0), the "
-    "run exits 3 'failed: ChannelNotFoundEntity' on part of the selection, never naming it",
-)
 def test_replay_to_a_mistyped_exchange_is_refused_up_front(lane: str) -> None:
     """Runbook replay-after-fix step 1 is a dry run, to catch exactly this. Seen: `--dry-run`
     prints "would replay 6 of 6 selected" → exchange ordrs, exit 0; the real run prints
