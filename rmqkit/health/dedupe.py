@@ -38,7 +38,10 @@ def retry_paths(
     """Each work queue's longest retry path and how it was computed."""
     paths: dict[str, tuple[float, str]] = {}
     if topology is not None:
-        for name, spec in sorted(topology.model.queues.items()):
+        # Every queue a consumer serves: lanes and partitions too, a partitioned parent
+        # (no queue on the broker) not.
+        for name in sorted(topology.work_queue_names()):
+            spec = topology.queue_spec(name)
             policy = policy_from_topology(topology, name, None)
             paths[name] = _path(policy, f"max_attempts {spec.max_attempts} in the topology")
         return paths

@@ -194,6 +194,18 @@ async def sample_ready(
     return {name: (before[name], after[name]) for name in before if name in after}
 
 
+def topology_handler_timeouts(topology: Topology) -> dict[str, tuple[float, str]]:
+    """Each work queue's handler_timeout from the file (seconds, source), queues without one
+    left out. Lane and partition queues carry their parent's; a partitioned parent is no
+    queue on the broker, so it has no entry."""
+    out: dict[str, tuple[float, str]] = {}
+    for name in topology.work_queue_names():
+        spec = topology.queue_spec(name)
+        if spec.handler_timeout is not None:
+            out[name] = (spec.handler_timeout / 1000, "topology handler_timeout")
+    return out
+
+
 async def run_doctor(
     settings: Settings,
     *,
@@ -224,9 +236,7 @@ async def run_doctor(
     roles = classify(snapshot, known)
     handler_timeouts: dict[str, tuple[float, str]] = {}
     if handler_timeout_s is None and topology is not None:
-        for name, spec in topology.model.queues.items():
-            if spec.handler_timeout is not None:
-                handler_timeouts[name] = (spec.handler_timeout / 1000, "topology handler_timeout")
+        handler_timeouts = topology_handler_timeouts(topology)
     samples: dict[str, tuple[int, int]] = {}
     if sample_interval_s > 0 and identity.amqp_error is None:
         samples = await sample_ready(
