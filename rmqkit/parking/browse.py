@@ -223,7 +223,7 @@ async def _one_pass(
     acks = _Acks(channel)
     try:
         while seen < size:
-            if inbox.empty():  # wait_for costs a task per call: only when we must wait
+            if inbox.empty():  # a timeout scope costs a timer per call: only when we must wait
                 got = await _next_delivery(channel, queue, inbox, idle_check_s, stall_timeout_s)
                 if got is None:
                     break  # nothing ready any more: another consumer holds the rest
@@ -303,8 +303,12 @@ async def _next_delivery(
     loop = asyncio.get_running_loop()
     stalled_since = loop.time()
     while True:
+        # asyncio.timeout, not wait_for: on 3.11 wait_for returns the delivery and drops a
+        # Ctrl-C (task cancel) that arrives as the delivery does — the command then ran to
+        # its end, exit 0. A timeout scope tells its own cancel from ours (uncancel count).
         try:
-            return await asyncio.wait_for(inbox.get(), timeout=idle_check_s)
+            async with asyncio.timeout(idle_check_s):
+                return await inbox.get()
         except TimeoutError:
             pass
         # On the consuming channel: deliveries sent before the answer arrive before it.
