@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from time import perf_counter
 from typing import Any
@@ -51,6 +52,7 @@ from rmqkit.consumer.refusals import RefusedCopies
 from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.crypto import KeyRing, decrypt_fields
 from rmqkit.crypto import Undecryptable as UndecryptableField
+from rmqkit.crypto.masking import mask_values, opened_values
 from rmqkit.delay import delivered_route
 from rmqkit.headers import ATTEMPT
 
@@ -63,6 +65,25 @@ def _as_datetime(value: object) -> datetime | None:
     if isinstance(value, Timestamp):
         return value.to_datetime()
     return value if isinstance(value, datetime) else None
+
+
+def _masked(outcome: Failed | Undecodable, values: tuple[str, ...]) -> Failed | Undecodable:
+    """``outcome`` with ``values`` masked in its message and traceback (formatted now: the
+    exception object itself would still quote them)."""
+    if not values:
+        return outcome
+    if isinstance(outcome, Undecodable):
+        return replace(
+            outcome,
+            detail=mask_values(outcome.detail, values),
+            traceback=mask_values(outcome.traceback, values),
+        )
+    return replace(
+        outcome,
+        exc_message=mask_values(outcome.exc_message, values),
+        traceback=mask_values(outcome.traceback_text(), values),
+        exception=None,
+    )
 
 
 def _traceback_of(outcome: object) -> Callable[[], str] | None:
@@ -182,6 +203,7 @@ class Dispatcher:
                 deliveries = delivery_count(headers, bool(deliver.redelivered))
                 if deliveries > 1:
                     self._redelivered(props.message_id, attempt, deliveries)
+            sealed = body
             try:
                 # Every envelope in the body, all or nothing (a body without one is returned
                 # as is, without a parse). The copies below publish delivered.body: ciphertext.
@@ -194,6 +216,10 @@ class Dispatcher:
                 )
                 if outcome is None:  # superseded: acked unhandled
                     return
+                if body is not sealed and isinstance(outcome, Failed | Undecodable):
+                    # The error's text is stored with the parked copy and logged: never the
+                    # values decrypted for the handler (a handler quoting one in its error).
+                    outcome = _masked(outcome, opened_values(sealed, body))
         await self._settle(delivered, tracker, tag, outcome, headers, attempt, deliveries)
 
     async def _handle_message(

@@ -312,13 +312,6 @@ def test_replay_keeps_ciphertext_and_the_broker_never_held_plaintext(run: Run) -
     assert _clean(run.outputs.texts) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding (consumer, HC's files): a handler error that quotes a decrypted field "
-    "is stored in rmqkit-error-message / the log as it is, so parking list and the log show "
-    "the plaintext; the consumer could mask the values it decrypted in error text (as "
-    "parking's redact_text does for sensitive_fields)",
-)
 def test_a_handler_error_quoting_a_decrypted_value_does_not_leak_it(run: Run) -> None:
     lines = [json.dumps({"message_id": f"q-{i}", "body": _body(i)}) for i in range(3)]
     published = subprocess.run(

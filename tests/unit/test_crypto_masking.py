@@ -1,0 +1,36 @@
+"""Decrypted values are masked in error text (rmqkit.crypto.masking, issue 16)."""
+
+from __future__ import annotations
+
+import json
+
+from rmqkit.crypto import decrypt_fields, encrypt_fields, generate_keyring
+from rmqkit.crypto.masking import MASK, mask_values, opened_values
+
+RING = generate_keyring()
+
+
+def test_every_decrypted_value_is_found_and_masked_but_nothing_else() -> None:
+    body = {
+        "order": 7,
+        "customer": {"name": "Ada Lovelace", "tags": ["vip", "early"]},
+        "tax_id": 123456789,
+        "note": "public",
+    }
+    raw = json.dumps(body).encode()
+    sealed = encrypt_fields(raw, ["customer", "tax_id"], ["tax_id"], RING)
+    opened = decrypt_fields(sealed, None, RING)
+    values = opened_values(sealed, opened)
+    assert {"Ada Lovelace", "123456789", "vip", "early"} <= set(values)
+    assert "public" not in values and "7" not in values
+    text = "bad customer 'Ada Lovelace' with tax id 123456789 (tags ['vip', 'early']) public"
+    masked = mask_values(text, values)
+    for secret in ("Ada", "123456789", "vip", "early"):
+        assert secret not in masked
+    assert masked.count(MASK) >= 3 and masked.endswith("public")
+
+
+def test_nothing_decrypted_nothing_masked() -> None:
+    raw = b'{"a": "Ada Lovelace"}'
+    assert opened_values(raw, decrypt_fields(raw, None, RING)) == ()
+    assert mask_values("Ada Lovelace", ()) == "Ada Lovelace"
