@@ -77,6 +77,39 @@ RUN_TIMEOUT_S = 180.0
 _PARSE = os.environ.get("BENCH_ENC_PARSE") == "1"
 
 
+def orjson_decrypt_fields(body: Any, paths: Any, keyring: Any, *, strict: bool = True) -> Any:
+    """What-if (``--what-if-orjson``; not rmqkit code): ``decrypt_fields`` with the body parsed
+    and re-serialized by orjson instead of the json module; the envelopes opened by rmqkit's
+    own ``open_envelope``. Anything orjson refuses (integers beyond 64 bits, NaN) falls back to
+    ``decrypt_fields`` itself."""
+    import orjson  # type: ignore[import-not-found,unused-ignore]
+
+    from rmqkit.crypto import decrypt_fields
+    from rmqkit.crypto.envelope import open_envelope
+    from rmqkit.crypto.fields import _envelopes
+
+    data = bytes(body)
+    if paths is not None or not strict or b"rmqkit_enc" not in data:
+        return decrypt_fields(body, paths, keyring, strict=strict)
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return decrypt_fields(body, paths, keyring)
+    new = _envelopes(parsed, [], lambda path, value: open_envelope(keyring, path, value))
+    if new is parsed:
+        return body
+    try:
+        return orjson.dumps(new)
+    except orjson.JSONEncodeError:
+        return decrypt_fields(body, paths, keyring)
+
+
+if os.environ.get("BENCH_ENC_WHAT_IF_ORJSON") == "1":  # in the consume worker, before any message
+    import rmqkit.consumer.dispatch
+
+    setattr(rmqkit.consumer.dispatch, "decrypt_fields", orjson_decrypt_fields)  # noqa: B010
+
+
 class _State:
     first_wall = 0.0
     first_cpu = 0.0
@@ -105,6 +138,7 @@ async def handle(message) -> None:  # type: ignore[no-untyped-def]
             "handler_calls": state.calls,
             "envelopes_seen": state.envelopes_seen,
             "worker_pid": os.getpid(),
+            "decrypt_function": _decrypt_in_use(),
         }
         # once, at the end of the window (os.write: no pathlib in a coroutine)
         # (written aside, then renamed: the orchestrator never reads half a file)
@@ -115,6 +149,13 @@ async def handle(message) -> None:  # type: ignore[no-untyped-def]
         finally:
             os.close(fd)
         os.replace(dest + ".tmp", dest)
+
+
+def _decrypt_in_use() -> str:
+    """The name of the function the consumer decrypts with (the what-if check)."""
+    import rmqkit.consumer.dispatch
+
+    return str(getattr(rmqkit.consumer.dispatch, "decrypt_fields").__name__)  # noqa: B009
 
 
 # --- orchestrator ---------------------------------------------------------------------------------
@@ -203,7 +244,14 @@ def uptime() -> str:
 
 
 def consume(
-    mode: str, url: str, topology: Path, keyring_file: Path, n: int, log_path: Path, parse: bool
+    mode: str,
+    url: str,
+    topology: Path,
+    keyring_file: Path,
+    n: int,
+    log_path: Path,
+    parse: bool,
+    what_if_orjson: bool = False,
 ) -> dict[str, Any]:
     """One `rmqkit consume` draining the pre-filled queue of ``mode``; the handler's result."""
     queue = MODES[mode]
@@ -215,6 +263,7 @@ def consume(
             BENCH_ENC_N=str(n),
             RMQKIT_KEYRING_FILE=str(keyring_file),
             BENCH_ENC_PARSE="1" if parse else "0",
+            BENCH_ENC_WHAT_IF_ORJSON="1" if what_if_orjson else "0",
             RMQKIT_MANAGEMENT_URL=common.MGMT_URL,
         )
         cmd = [
@@ -314,6 +363,15 @@ def crypto_costs(n: int, rounds: int, topology: Path, keyring_file: Path) -> dic
     results["decrypt_fields, one plain bench body (fast path)"] = per_op_us(
         lambda: decrypt_fields(next(it2), None, ring), n, rounds
     )
+    try:
+        import orjson  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+    except ImportError:
+        pass
+    else:  # the what-if, in this process
+        it3 = itertools.cycle(sealed)
+        results["what-if: orjson_decrypt_fields, one sealed bench body"] = per_op_us(
+            lambda: orjson_decrypt_fields(next(it3), None, ring), n, rounds
+        )
     cf = results["crypto_fields"]
     results["per_field_us"] = {
         "encrypt": cf["field small"]["encrypt"]["median_us"],
@@ -339,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         "--parse",
         action="store_true",
         help="the handler parses the body (message.json()), as a real one reads it",
+    )
+    parser.add_argument(
+        "--what-if-orjson",
+        action="store_true",
+        help="what-if, not rmqkit as shipped: the consumer decrypts with orjson_decrypt_fields "
+        "(needs orjson importable, e.g. PYTHONPATH)",
     )
     parser.add_argument("--log-dir", help="rmqkit consume logs here (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -372,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                         load = uptime()
                         result = consume(
                             mode, url, topology, keyring_file, args.messages,
-                            log_dir / f"r{rnd}-{mode}.log", args.parse,
+                            log_dir / f"r{rnd}-{mode}.log", args.parse, args.what_if_orjson,
                         )  # fmt: skip
                         left = asyncio.run(common.depths(url, names))
                     except Exception as exc:
@@ -413,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             "messages": args.messages,
             "prefetch": PREFETCH,
             "handler_parses_body": args.parse,
+            "what_if_orjson": args.what_if_orjson,
             "body_bytes_plain": len(order_body(0, "abcdef")),
             "fields": FIELDS,
             "blind_index": INDEXED,
