@@ -179,6 +179,7 @@ def _json_commands(target: str, tmp: Path, message_id: str) -> dict[str, list[st
         "rmqkit dedupe status": ["dedupe", "status", "--dsn", store],
         "rmqkit dedupe prune": ["dedupe", "prune", "--dsn", store, "--older-than", "1h"],
         "rmqkit outbox status": ["outbox", "status", "--dsn", outbox],
+        "rmqkit keys show": ["keys", "show", str(tmp / "keyring.json")],
     }
 
 
@@ -201,6 +202,8 @@ def test_json_prints_only_json_on_stdout(target: str, decoy: str, tmp_path: Path
         dsn = commands[f"rmqkit {store[0]} {'status' if store[0] == 'outbox' else 'init'}"][-1]
         made = cli(*store, "--dsn", dsn, vhost=decoy)
         assert made.returncode == 0, made.stderr
+    keys = cli("keys", "generate", "--out", commands["rmqkit keys show"][-1], vhost=decoy)
+    assert keys.returncode == 0, keys.stderr
     env = environment(
         RMQKIT_URL=with_vhost(broker.BASE_URL, decoy), RMQKIT_MANAGEMENT_URL=broker.MGMT
     )
