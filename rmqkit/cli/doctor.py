@@ -113,15 +113,19 @@ def _skipped(report: DoctorReport) -> list[str]:
 
 
 def _print_lines(report: DoctorReport) -> None:
-    """Piped: one greppable line per finding, never wrapped, then the summary line."""
+    """Piped: the summary line, then one greppable line per finding, never wrapped.
+
+    Nagios (NRPE) reads a plugin's FIRST line of stdout as its status: the summary leads."""
+    print(_summary(report), flush=True)
     for f in report.findings:
         print(f"{f.severity.upper()}\t{f.check}\t{f.kind} {f.object}\t{f.evidence}\tfix: {f.fix}")
     for line in _skipped(report):
         print(f"SKIPPED\t{line}")
-    print(_summary(report))
 
 
 def _print_table(report: DoctorReport) -> None:
+    style = _STYLE[report.status]
+    stdout.print(f"[{style}]{_summary(report)}[/{style}]", highlight=False)  # first, as piped
     if report.findings:
         table = Table(title=f"vhost {report.vhost!r}", title_justify="left")
         table.add_column("severity")
@@ -142,5 +146,3 @@ def _print_table(report: DoctorReport) -> None:
         style = _STYLE[c.status]
         checks.add_row(f"[{style}]{c.status}[/{style}]", c.id, c.note)
     stdout.print(checks)
-    style = _STYLE[report.status]
-    stdout.print(f"[{style}]{_summary(report)}[/{style}]", highlight=False)

@@ -189,10 +189,6 @@ def test_listing_into_a_pipe_closed_early(fresh_vhost: Any) -> None:
     assert len(err.strip().splitlines()) <= 1, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 7: doctor prints its Nagios status line (DOCTOR OK|WARNING|CRITICAL) last",
-)
 def test_doctor_prints_the_nagios_status_line_first(vhost: str) -> None:
     """doctor is meant to run as a Nagios check (docs/doctor.md, its --help); a plugin's first
     line of stdout is its status (issue 14: "Nagios status line first", done for `parking
