@@ -42,12 +42,16 @@ MAY_OVERLAP = frozenset(
         "file_safety",
         "newest_death",
         "parking",
+        "parking_encrypted",
         "parking_operator",
         "parking_transfer",
         "publish",
         "replay_returns",
         "replay_routing",
+        "plan_files",
         "status",
+        "status_flow",
+        "topology_flow",
     ]
 )
 
