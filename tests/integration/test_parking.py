@@ -24,7 +24,7 @@ from tests.consumer_harness import ConsumerProcess, events, wait_until
 from tests.handlers import body
 
 ROOT = Path(__file__).resolve().parents[2]
-LANES = str(ROOT / "tests" / "topologies" / "lanes.toml")
+LANES = str(ROOT / "tests" / "topologies" / "parking_lanes.toml")
 PARKING = "lanes.parking"
 N = 10_000
 

@@ -362,7 +362,7 @@ def test_topology_out_of_sync_pending_warns_conflict_is_critical() -> None:
 
 # --- rmqkit's own topology is clean, on 3.x and 4.x ------------------------------------------
 @pytest.mark.parametrize("version", [V3, V4])
-@pytest.mark.parametrize("file", ["topologies/orders.toml", "tests/topologies/lanes.toml"])
+@pytest.mark.parametrize("file", ["topologies/orders.toml", "tests/topologies/parking_lanes.toml"])
 def test_a_declared_rmqkit_topology_is_clean(version: tuple[int, int, int], file: str) -> None:
     desired = expand(load_topology(ROOT / file), broker_version=version)
     policies = [
@@ -385,7 +385,7 @@ def test_a_declared_rmqkit_topology_is_clean(version: tuple[int, int, int], file
     assert {roles[q.name][0] for q in desired.queues} == {"work", "wait", "parking"}
     assert all(roles[q.name] == (q.role, q.owner) for q in desired.queues)
     found = fired(snap)
-    if file.endswith("lanes.toml"):  # lanes.toml sets no max_length: rightly a warning
+    if file.endswith("lanes.toml"):  # parking_lanes.toml sets no max_length: rightly a warning
         assert found == {"unbounded-work-queue"}
     else:
         assert found == set()
