@@ -12,8 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rmqkit import headers as h
+from rmqkit.broker.amqp import parse_version
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session, open_session
+from rmqkit.errors import BrokerError, ConfigError
+from rmqkit.health.identity import BrokerIdentity
 from rmqkit.parking.browse import (
     BrowseStats,
     Verdict,
@@ -22,7 +25,7 @@ from rmqkit.parking.browse import (
 )
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.parking.records import message_to_record
-from rmqkit.settings import Settings
+from rmqkit.settings import Settings, mask_url
 
 Progress = Callable[[int, int], None]  # (seen, total at start)
 PUBLISH_WINDOW = 1000  # unconfirmed replay copies in flight
@@ -49,10 +52,34 @@ async def parking_session(settings: Settings, queue: str) -> AsyncIterator[Parki
     amqp = await open_session(settings, name=f"rmqkit parking {queue}", typed=True)
     try:
         async with management(settings) as api:
+            await require_same_broker(settings, api, amqp)
             info = await check_browsable(api, queue, amqp.server_version)
             yield ParkingSession(amqp, api, queue, info)
     finally:
         await amqp.close()
+
+
+async def require_same_broker(settings: Settings, api: ManagementClient, amqp: Session) -> None:
+    """ConfigError (78) if the management API answers for another cluster than AMQP.
+
+    The parking commands read a queue's settings through the API and its messages over AMQP:
+    a stale RMQKIT_MANAGEMENT_URL made them call a full lane "does not exist". Named as
+    `status` and `doctor` name it (health.identity). An API that cannot say passes.
+    """
+    try:
+        overview = await api.overview()
+    except BrokerError:
+        return  # the queue lookup that follows reports an API out of reach
+    identity = BrokerIdentity(
+        amqp_url=amqp.display_url,  # masked
+        management_url=mask_url(settings.resolved_management_url()),
+        amqp_cluster=amqp.cluster_name,
+        amqp_version=amqp.server_version,
+        management_cluster=str(overview.get("cluster_name") or "") or None,
+        management_version=parse_version(str(overview.get("rabbitmq_version") or "0.0.0")),
+    )
+    if identity.mismatch is not None:
+        raise ConfigError(f"{identity.mismatch} — {identity.fix()}")
 
 
 async def list_parked(

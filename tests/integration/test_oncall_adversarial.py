@@ -279,11 +279,6 @@ def test_import_into_the_right_broker_after_the_wrong_one(
     assert _depth(name) == 5, (right.returncode, right.stdout, right.stderr)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 10: parking commands with the management API of another cluster say the "
-    "parking queue does not exist (65) instead of naming the mismatch",
-)
 def test_parking_commands_name_a_management_api_of_another_cluster(
     same_vhost_on_two_brokers: str,
 ) -> None:
