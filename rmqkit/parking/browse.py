@@ -104,16 +104,10 @@ async def check_browsable(
     qtype = found.get("type", "classic")
     if qtype == "stream":
         raise DataError(f"{queue!r} is a stream: streams cannot be browsed with acks or replayed")
-    policies, operator_policies = await asyncio.gather(api.policies(), api.operator_policies())
-    effective = resolve_queue(found, policies, operator_policies, broker_version)
-    parking = effective.settings.get("dead-letter-routing-key")
-    if isinstance(parking, str) and parking != queue and parking.endswith(".parking"):
-        # A work queue dead-letters into its parking queue: browsing it would hold back (and,
-        # with a delivery limit, spend attempts of) messages its consumers are waiting for.
-        raise DataError(
-            f"{queue!r} is a work queue (it dead-letters to {parking!r}), not a parking queue — "
-            f"did you mean {parking!r}?"
-        )
+    effective = await _resolved(api, found, broker_version)
+    # A work queue: browsing it would hold back (and, with a delivery limit, spend attempts
+    # of) messages its consumers are waiting for.
+    refuse_work_queue(queue, effective)
     if qtype != "quorum":
         return dict(found)
     limit, source = _limit_of(effective)
@@ -125,6 +119,34 @@ async def check_browsable(
             f"{limit_fix(queue, source, api.vhost, effective.policy, broker_version)}"
         )
     return dict(found)
+
+
+async def _resolved(
+    api: ManagementClient, found: dict[str, Any], broker_version: tuple[int, int, int]
+) -> Effective:
+    policies, operator_policies = await asyncio.gather(api.policies(), api.operator_policies())
+    return resolve_queue(found, policies, operator_policies, broker_version)
+
+
+def refuse_work_queue(queue: str, effective: Effective) -> None:
+    """DataError (65) if ``queue`` is a work queue: it dead-letters into its parking queue."""
+    parking = effective.settings.get("dead-letter-routing-key")
+    if isinstance(parking, str) and parking != queue and parking.endswith(".parking"):
+        raise DataError(
+            f"{queue!r} is a work queue (it dead-letters to {parking!r}), not a parking queue — "
+            f"did you mean {parking!r}?"
+        )
+
+
+async def check_import_target(
+    api: ManagementClient, queue: str, broker_version: tuple[int, int, int]
+) -> None:
+    """Refuse (DataError, 65) importing parked messages into a work queue: its consumers would
+    get the whole lane at once, unselected, park headers and all. A missing queue passes
+    (the import's own AMQP check names it)."""
+    found = await api.queue(queue)
+    if found is not None:
+        refuse_work_queue(queue, await _resolved(api, found, broker_version))
 
 
 def _delivery_limit(

@@ -1,7 +1,10 @@
 """The import journal: which records of an export file a queue has already confirmed.
 
 ``rmqkit parking import FILE QUEUE`` keeps a journal in ``FILE.imported-<tag>`` (``<tag>``: a
-digest of vhost and queue, so imports of one file into two queues keep separate journals).
+digest of broker, vhost and queue, so imports of one file into two queues keep separate
+journals, and an import into the wrong broker first — staging and production have the same
+vhost and queue names — does not make the right one skip the records). The broker is the
+cluster name the AMQP connection reports, else the AMQP ``host:port`` list.
 Before a record is published its line is reserved (64 dashes); once the broker confirmed it,
 the line is overwritten with the record's digest (``record_digest``: its properties and body,
 what the import publishes). Reserving first means a full disk stops the import before a
@@ -12,7 +15,8 @@ continued with ``--resume``: records whose digest the journal holds are skipped,
 as it holds them (a file may hold identical records). A crash between a confirm and its
 journal line can only cause a duplicate on resume, never a skipped record.
 
-Format: a first line ``{"rmqkit_import_journal": 1, "vhost": …, "queue": …, "file": …}``,
+Format: a first line
+``{"rmqkit_import_journal": 1, "vhost": …, "queue": …, "file": …, "broker": …}``,
 then one line per published record: its 64-character hex digest, or dashes while (or if
 never) confirmed. An incomplete last line (a crash mid-write) is ignored.
 """
@@ -52,26 +56,40 @@ def record_digest(record: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
-def journal_path(file: Path, vhost: str, queue: str) -> Path:
-    """Where the journal of importing ``file`` into ``queue`` of ``vhost`` lives."""
-    tag = hashlib.sha256(f"{vhost}\0{queue}".encode()).hexdigest()[:12]
+def journal_path(file: Path, vhost: str, queue: str, broker: str = "") -> Path:
+    """Where the journal of importing ``file`` into ``queue`` of ``vhost`` on ``broker``
+    lives (an empty ``broker``: the tag of vhost and queue alone)."""
+    key = f"{broker}\0{vhost}\0{queue}" if broker else f"{vhost}\0{queue}"
+    tag = hashlib.sha256(key.encode()).hexdigest()[:12]
     return file.with_name(f"{file.name}.imported-{tag}")
 
 
 class ImportJournal:
-    """Read and append the journal of one (file, vhost, queue)."""
+    """Read and append the journal of one (file, broker, vhost, queue).
 
-    def __init__(self, file: Path, vhost: str, queue: str) -> None:
-        self.path = journal_path(file, vhost, queue)
+    The broker is known once connected: ``for_broker`` sets it before the journal is read.
+    """
+
+    def __init__(self, file: Path, vhost: str, queue: str, broker: str = "") -> None:
+        self.file = file
+        self.path = journal_path(file, vhost, queue, broker)
         self.header = {
             "rmqkit_import_journal": JOURNAL_VERSION,
             "vhost": vhost,
             "queue": queue,
             "file": file.name,
+            "broker": broker,
         }
         self._fd: int | None = None
         self._end = 0  # where the next line goes (we are the journal's only writer)
         self._unsynced = 0
+
+    def for_broker(self, broker: str) -> None:
+        """Key the journal on ``broker`` too (a cluster name, or the AMQP host:port list)."""
+        self.header["broker"] = broker
+        self.path = journal_path(
+            self.file, str(self.header["vhost"]), str(self.header["queue"]), broker
+        )
 
     def confirmed(self) -> Counter[str]:
         """Digest → how many records with it were confirmed (empty if there is no journal)."""

@@ -13,11 +13,12 @@ from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
 from rmqkit import headers as h
+from rmqkit.broker.management import management
 from rmqkit.broker.session import Outcome, Session, open_session, outcome_of
 from rmqkit.crypto import KeyRing
-from rmqkit.errors import DataError, UsageError
+from rmqkit.errors import BrokerUnavailable, DataError, UsageError
 from rmqkit.fileout import OutputError, SafeOutput
-from rmqkit.parking.browse import Verdict, browse
+from rmqkit.parking.browse import Verdict, browse, check_import_target
 from rmqkit.parking.journal import ImportJournal, record_digest
 from rmqkit.parking.model import ParkedFilter, ParkedMessage, decrypted_body
 from rmqkit.parking.ops import PUBLISH_WINDOW, Progress, parking_session, ready_count
@@ -230,21 +231,24 @@ async def import_records(
     check_publishable(lines, _login_user(settings), source)
     report = ImportReport(records=len(lines))
     skip: Counter[str] = Counter()
-    if journal is not None:
-        report.journal = journal.path
-        done_before = journal.confirmed()
-        if done_before.total() and not (resume or again):
-            raise UsageError(
-                f"{source} was imported into {queue!r} before: {done_before.total()} of "
-                f"{len(lines)} record(s) confirmed (journal {journal.path}) — --resume to "
-                "publish only the others, --again to publish every record again (duplicates)"
-            )
-        if resume:
-            skip = done_before
     amqp = await open_session(settings, name=f"rmqkit import {queue}")
     try:
         await amqp.require_queue(queue, DataError, "declare it first")
+        await _refuse_work_queue(settings, amqp, queue)
         if journal is not None:
+            # What this broker holds, not another one with the same vhost and queue names.
+            journal.for_broker(amqp.cluster_name or _hosts(settings))
+            report.journal = journal.path
+            done_before = journal.confirmed()
+            if done_before.total() and not (resume or again):
+                raise UsageError(
+                    f"{source} was imported into {queue!r} before: {done_before.total()} of "
+                    f"{len(lines)} record(s) confirmed (journal {journal.path}) — --resume to "
+                    "publish only the others, --again to publish every record again "
+                    "(duplicates)"
+                )
+            if resume:
+                skip = done_before
             journal.start(fresh=again)
         try:
             await _publish_lines(amqp, lines, queue, report, skip, journal, progress)
@@ -254,6 +258,32 @@ async def import_records(
     finally:
         await amqp.close()
     return report
+
+
+def _hosts(settings: Settings) -> str:
+    """The AMQP ``host:port`` list: a broker's name when it reports no cluster name."""
+    return ",".join(
+        f"{parts.hostname}:{parts.port or (5671 if parts.scheme == 'amqps' else 5672)}"
+        for parts in map(urlsplit, settings.amqp_urls)
+    )
+
+
+async def _refuse_work_queue(settings: Settings, amqp: Session, queue: str) -> None:
+    """DataError (65) if ``queue`` is a work queue (its parking queue is the target the
+    runbook means). Through the management API, as the other parking commands check; if
+    that is out of reach, a queue with a ``<queue>.parking`` beside it is taken as one."""
+    try:
+        async with management(settings) as api:
+            await check_import_target(api, queue, amqp.server_version)
+        return
+    except BrokerUnavailable:
+        pass
+    parking = f"{queue}.parking"
+    if not queue.endswith(".parking") and await amqp.queue_exists(parking):
+        raise DataError(
+            f"{queue!r} is a work queue ({parking!r} is beside it), not a parking queue — "
+            f"did you mean {parking!r}?"
+        )
 
 
 async def _publish_lines(

@@ -245,11 +245,6 @@ def same_vhost_on_two_brokers() -> Iterator[str]:
         _second_broker_api("DELETE", f"/vhosts/{broker.q(name)}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 8: the import journal ignores the broker: importing into the right broker "
-    "after the wrong one is refused (64) and --resume imports nothing",
-)
 def test_import_into_the_right_broker_after_the_wrong_one(
     same_vhost_on_two_brokers: str, tmp_path: Path
 ) -> None:
@@ -356,11 +351,6 @@ def test_a_negative_threshold_is_a_usage_error(lane: str) -> None:
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 13: parking import into a work queue (orders.work for orders.work.parking) is "
-    "accepted: the parked messages go straight to the consumers, headers and all",
-)
 def test_import_into_a_work_queue_asks_did_you_mean_its_parking_queue(
     lane: str, tmp_path: Path
 ) -> None:
