@@ -22,6 +22,7 @@ from rmqkit.crypto.envelope import (
     compact_json,
     is_envelope,
     is_sealed,
+    loads_json,
     open_envelope,
     redaction_marker,
     seal,
@@ -127,7 +128,7 @@ def _on_body(body: B, paths: Sequence[str] | None, fn: _Fn, *, need_json: bool) 
     if not need_json and _MARKER_BYTES not in data:
         return body  # no envelope in it: no parse, no copy
     try:
-        parsed = json.loads(data)
+        parsed = loads_json(data)
     except ValueError:
         if need_json:
             raise DataError(

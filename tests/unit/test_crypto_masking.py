@@ -34,3 +34,16 @@ def test_nothing_decrypted_nothing_masked() -> None:
     raw = b'{"a": "Ada Lovelace"}'
     assert opened_values(raw, decrypt_fields(raw, None, RING)) == ()
     assert mask_values("Ada Lovelace", ()) == "Ada Lovelace"
+
+
+def test_what_orjson_refuses_still_round_trips_through_the_json_module() -> None:
+    """The fast JSON path (orjson) falls back to the json module for NaN, Infinity and integers
+    beyond 64 bits, so such bodies read and write as they did before."""
+    raw = b'{"big": 123456789012345678901234567890, "nan": NaN, "tax_id": 1e400, "x": "y"}'
+    sealed = encrypt_fields(raw, ["tax_id", "big"], [], RING)
+    opened = json.loads(decrypt_fields(sealed, None, RING))
+    assert opened["big"] == 123456789012345678901234567890 and opened["tax_id"] == float("inf")
+    assert opened["nan"] != opened["nan"] and opened["x"] == "y"
+    value = {"inf": float("-inf"), "n": 2**70}
+    sealed2 = encrypt_fields(json.dumps({"v": value}).encode(), ["v"], [], RING)
+    assert json.loads(decrypt_fields(sealed2, None, RING))["v"] == value
