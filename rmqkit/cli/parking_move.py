@@ -25,7 +25,7 @@ from rmqkit.cli.render import stderr
 from rmqkit.errors import ExitCode, Interrupted, PartialSuccess, UsageError
 from rmqkit.fileout import SafeOutput, check_output, output_mode
 from rmqkit.parking.journal import ImportJournal
-from rmqkit.parking.ops import purge_parked
+from rmqkit.parking.ops import PurgeResult, purge_parked
 from rmqkit.parking.replay import ReplayReport, replay_parked
 from rmqkit.parking.transfer import export_parked, import_records, read_export
 
@@ -159,16 +159,32 @@ def purge_cmd(
         question = f"Purge {counted.count} message(s) from {name}?"
         if not confirm(ctx, question, f"purge {counted.count} message(s) from {name}"):
             raise typer.Exit(ExitCode.OK)
-        purged = run_async(purge_parked(settings, name, flt, only=counted.identities))
+        purged = PurgeResult()
+        with _interrupted_purge(purged, name):
+            run_async(purge_parked(settings, name, flt, only=counted.identities, result=purged))
         gone = counted.count - purged.count
         print(
             f"purged {purged.count} message(s) from {name}"
             + (f" ({gone} of those counted were no longer there)" if gone else "")
         )
         return
-    purged = run_async(purge_parked(settings, name, flt, limit=limit))
+    purged = PurgeResult()
+    with _interrupted_purge(purged, name):
+        run_async(purge_parked(settings, name, flt, limit=limit, result=purged))
     explain_no_match(sel, purged.count)
     print(f"purged {purged.count} message(s) from {name}")
+
+
+@contextmanager
+def _interrupted_purge(purged: PurgeResult, queue: str) -> Iterator[None]:
+    """Ctrl-C during a purge: say how many were removed and that the rest stay parked."""
+    try:
+        yield
+    except Interrupted:
+        raise Interrupted(
+            f"interrupted: purged {purged.count} message(s) from {queue!r} so far; the rest "
+            f"stay parked (`rmqkit parking stats {queue}` counts them)"
+        ) from None
 
 
 @filtered

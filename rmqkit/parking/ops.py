@@ -235,14 +235,17 @@ async def purge_parked(
     dry_run: bool = False,
     limit: int | None = None,
     only: Counter[str] | None = None,
+    result: PurgeResult | None = None,
 ) -> PurgeResult:
     """Remove matching parked messages (all when the filter is empty), at most ``limit``.
 
     ``only`` (the ``identities`` of an earlier dry run) restricts the purge to exactly the
     messages that run counted, however many were parked since: what an operator confirmed.
+    ``result``: filled in as the purge goes (an interrupted purge's caller reads how many
+    it removed); a new one if not given.
     """
     now = datetime.now(UTC)
-    result = PurgeResult()
+    result = PurgeResult() if result is None else result
     remaining = Counter(only) if only is not None else None
     async with parking_session(settings, queue) as session:
 
