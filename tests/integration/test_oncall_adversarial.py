@@ -2,8 +2,8 @@
 a tired on-call engineer uses them, from README.md, docs/exit-codes.md, docs/parking.md and
 docs/runbooks/ alone — Ctrl-C, piping into `head`, the wrong broker, --vhost after the command.
 
-Each xfail(strict) test is a finding that fails on the code as it is (its reason names the
-finding of the H9 report); the others hold and cover what no other module does. Every test
+Each test named for a finding (the H9 report's numbers, in the comments) failed on the code
+before its fix; the others held and cover what no other module does. Every test
 asserts on what the broker ends up holding, not only on what the command printed.
 """
 

@@ -62,7 +62,7 @@ def test_doctor_with_a_dead_amqp_port_is_critical(vhost: str) -> None:
     )
     assert result.returncode == 2, (result.stdout, result.stderr)
     lines = result.stdout.splitlines()
-    assert lines[-1].startswith("DOCTOR CRITICAL"), lines
+    assert lines[0].startswith("DOCTOR CRITICAL"), lines
     (critical,) = [line for line in lines if line.startswith("CRITICAL\tamqp-connection")]
     assert "127.0.0.1:1" in critical and "unreachable" in critical
 

@@ -1,8 +1,8 @@
 """Adversarial on-call checks of the CLI's settings and errors (issue 14), no broker needed.
 
 Found by using rmqkit as a tired on-call engineer would, from README.md, docs/exit-codes.md and
-docs/runbooks/ alone: a mistyped URL, an unset shell variable. Each xfail(strict) test is a
-finding that fails on the code as it is; the reason names the finding (see the H9 report).
+docs/runbooks/ alone: a mistyped URL, an unset shell variable. Each test for a finding
+failed on the code before its fix (the H9 report's numbers).
 Promised: "Passwords never appear in output or errors" (README, Settings); "Errors print exactly
 one line on stderr ... only exit 1 (a bug) prints a traceback" and 78 "RMQKIT_URL is not an AMQP
 URL" (docs/exit-codes.md).
