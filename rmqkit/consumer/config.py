@@ -63,6 +63,10 @@ class ConsumerConfig:
     # channel, prefetch and handler slots (rmqkit.consumer.lanes): the work queue's lanes, or
     # the other partitions of a partitioned one. Their own ``siblings`` are empty.
     siblings: tuple[ConsumerConfig, ...] = ()
+    # The queue's encrypted fields (topology: encrypt = true, sensitive_fields): opened first,
+    # so a body holding envelopes only there skips the walk over the whole body. Every other
+    # envelope is still opened (all or nothing): this is a fast path, not a filter.
+    encrypted_fields: tuple[str, ...] = ()
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -215,4 +219,5 @@ def build_config(
         warnings=tuple(warnings),
         dedupe=flags.dedupe,
         conflate_key_header=flags.conflate_key_header or None,
+        encrypted_fields=tuple(spec.sensitive_fields) if spec is not None and spec.encrypt else (),
     )

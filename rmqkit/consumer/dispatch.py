@@ -207,7 +207,7 @@ class Dispatcher:
             try:
                 # Every envelope in the body, all or nothing (a body without one is returned
                 # as is, without a parse). The copies below publish delivered.body: ciphertext.
-                body = decrypt_fields(body, None, self.keyring)
+                body = decrypt_fields(body, None, self.keyring, first=config.encrypted_fields)
             except UndecryptableField as exc:
                 outcome = Undecryptable(str(exc), exc.reason)
             else:

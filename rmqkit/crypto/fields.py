@@ -176,7 +176,12 @@ def encrypt_fields(
 
 
 def decrypt_fields(
-    body: B, paths: Sequence[str] | None, keyring: KeyRing | None, *, strict: bool = True
+    body: B,
+    paths: Sequence[str] | None,
+    keyring: KeyRing | None,
+    *,
+    strict: bool = True,
+    first: Sequence[str] = (),
 ) -> B:
     """``body`` with the envelopes at ``paths`` (None: every envelope anywhere in the body)
     replaced by their values.
@@ -185,6 +190,10 @@ def decrypt_fields(
     naming its path and reason — nothing is handed over half-decrypted. Not strict (showing a
     parked message): such a field becomes ``[undecryptable kid=…: reason]`` and the rest is
     decrypted. A plaintext value at a listed path is returned as it is.
+
+    ``first`` (with ``paths`` None, on a bytes body): where envelopes are expected (the
+    queue's encrypted fields). They are opened first; when the body holds no other envelope
+    (its count of markers says so) the walk over the whole body is skipped.
     """
     if paths is not None:
         _checked(paths)
@@ -199,7 +208,36 @@ def decrypt_fields(
                 raise
             return f"[undecryptable kid={exc.kid or '?'}: {exc.reason}]"
 
+    if paths is None and first and isinstance(body, bytes | bytearray | memoryview):
+        return _decrypt_expected(body, first, decrypt)  # type: ignore[no-any-return]
     return _on_body(body, paths, decrypt, need_json=False)
+
+
+def _decrypt_expected(body: bytes | bytearray | memoryview, first: Sequence[str], fn: _Fn) -> Any:
+    data = bytes(body)
+    markers = data.count(_MARKER_BYTES)
+    if not markers:
+        return body
+    try:
+        parsed = loads_json(data)
+    except ValueError:
+        return body  # not JSON: nothing of ours in it (the consumer parks it as not JSON)
+    opened = 0
+
+    def counting(path: str, value: Any) -> Any:
+        nonlocal opened
+        if is_envelope(value):
+            opened += 1
+        return fn(path, value)
+
+    new = parsed
+    for path in first:
+        new = _at_path(new, parse_path(path), path, counting)
+    # Each envelope holds the marker once (base64 and key ids cannot spell it): fewer opened
+    # than markers means an envelope elsewhere, or the text in some value — walk it all.
+    if opened != markers:
+        new = _envelopes(new, [], fn)
+    return body if new is parsed else compact_json(new)
 
 
 def redact_fields(body: B, paths: Sequence[str] | None = None) -> B:

@@ -47,3 +47,20 @@ def test_what_orjson_refuses_still_round_trips_through_the_json_module() -> None
     value = {"inf": float("-inf"), "n": 2**70}
     sealed2 = encrypt_fields(json.dumps({"v": value}).encode(), ["v"], [], RING)
     assert json.loads(decrypt_fields(sealed2, None, RING))["v"] == value
+
+
+def test_the_expected_fields_fast_path_still_opens_every_envelope() -> None:
+    """``first`` (the queue's encrypted fields) is a fast path, never a filter: an envelope
+    elsewhere in the body, or the marker's text in a plain value, sends it through the walk."""
+    body = {"customer": {"name": "Ada"}, "tax_id": 7, "extra": {"secret": "s3"}, "n": 1}
+    sealed = encrypt_fields(json.dumps(body).encode(), ["customer.name", "tax_id"], [], RING)
+    first = ["customer.name", "tax_id"]
+    assert json.loads(decrypt_fields(sealed, None, RING, first=first)) == body
+    more = encrypt_fields(sealed, ["extra.secret"], [], RING)  # an envelope not in `first`
+    assert json.loads(decrypt_fields(more, None, RING, first=first)) == body
+    marked = json.loads(sealed)
+    marked["note"] = "mentions $rmqkit_enc in passing"
+    opened = json.loads(decrypt_fields(json.dumps(marked).encode(), None, RING, first=first))
+    assert opened == {**body, "note": "mentions $rmqkit_enc in passing"}
+    plain = json.dumps(body).encode()
+    assert decrypt_fields(plain, None, RING, first=first) is plain
