@@ -105,6 +105,19 @@ def q(name: str) -> str:
     return quote(name, safe="")
 
 
+def _client_properties(raw: object) -> dict[str, object]:
+    """A connection's client properties as `rabbitmqctl list_connections --formatter json`
+    gives them: a list of [key, type, value] triples; a connection still in its handshake has
+    none yet, and some rows carry them as a plain string: no properties, listed again later."""
+    if isinstance(raw, dict):
+        return dict(raw)
+    if not isinstance(raw, list):
+        return {}
+    return {
+        str(item[0]): item[-1] for item in raw if isinstance(item, list | tuple) and len(item) >= 2
+    }
+
+
 def poll(fn: Callable[[], T], timeout_s: float, interval_s: float = 0.25) -> T:
     """Call ``fn`` until it returns something truthy or ``timeout_s`` passes; its last value."""
     deadline = time.monotonic() + timeout_s
@@ -635,7 +648,7 @@ class Cluster:
                 continue
             out = []
             for row in rows:
-                props = {key: value for key, _, value in row.get("client_properties") or []}
+                props = _client_properties(row.get("client_properties"))
                 if str(props.get("connection_name", "")).startswith(name_prefix):
                     out.append(by_port.get(int(row["port"]), f"port {row['port']}"))
             return out
