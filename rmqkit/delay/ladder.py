@@ -35,21 +35,14 @@ from rmqkit.delay.objects import Binding, Exchange, LadderObjects, Queue
 from rmqkit.durations import age_text, format_duration_ms
 from rmqkit.errors import DataError
 
-# --- the headers a delayed message carries ------------------------------------------------------
-BIT_PREFIX: Final = "rmqkit-delay-bit-"
-"""``rmqkit-delay-bit-00`` … : ``"1"`` if that bit of the delay in units is set, else ``"0"``;
-present for every bit up to the highest set one."""
-TOP: Final = "rmqkit-delay-top"
-"""str: the highest set bit (``"7"``): the entry exchange routes on it alone."""
-EXCHANGE: Final = "rmqkit-delay-exchange"
-"""str: the exchange the message is delivered into when due ("" = the default exchange)."""
-ROUTING_KEY: Final = "rmqkit-delay-routing-key"
-"""str: its routing key (also the message's own routing key, kept by dead-lettering)."""
-DELAY_MS: Final = "rmqkit-delay-ms"
-"""int: the delay asked for, in ms (before rounding up to whole units)."""
-UNITS: Final = "rmqkit-delay-units"
-"""int: the delay in whole units the ladder applies (``ceil(delay_ms / unit_ms)``)."""
-ALL_HEADERS_PREFIX: Final = "rmqkit-delay-"
+# --- the headers a delayed message carries (named and documented in rmqkit.headers) ------------
+BIT_PREFIX: Final = h.DELAY_BIT_PREFIX  # "1"/"0" per bit of the delay in units, up to the top
+TOP: Final = h.DELAY_TOP  # the highest set bit: the entry exchange routes on it alone
+EXCHANGE: Final = h.DELAY_EXCHANGE  # where the message is delivered when due ("": default)
+ROUTING_KEY: Final = h.DELAY_ROUTING_KEY  # its routing key (kept by dead-lettering too)
+DELAY_MS: Final = h.DELAY_MS  # the delay asked for, in ms
+UNITS: Final = h.DELAY_UNITS  # the delay in whole units the ladder applies
+ALL_HEADERS_PREFIX: Final = h.DELAY_PREFIX
 
 MAX_TTL_MS: Final = 2**32 - 1  # the broker refuses a larger x-message-ttl
 DEFAULT_PREFIX: Final = "rmqkit.delay"
