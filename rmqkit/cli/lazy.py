@@ -22,6 +22,11 @@ import typer
 from typer.core import TyperGroup
 
 
+def first_paragraph(text: str) -> str:
+    """The first paragraph of a help text, its lines joined."""
+    return " ".join(text.strip().split("\n\n", 1)[0].split())
+
+
 @dataclass(frozen=True)
 class LazyCommand:
     """A command (``attr`` a function) or a group (``attr`` a ``typer.Typer``) of ``module``."""
@@ -32,7 +37,12 @@ class LazyCommand:
     group: bool = False
 
     def summary(self) -> str:
-        """The help the command list shows, read from the module's source without importing."""
+        """The help the command list shows: the first paragraph of the command's help, on one
+        line (a docstring's line breaks are the source's, not the terminal's), read from the
+        module's source without importing it."""
+        return first_paragraph(self._help_text())
+
+    def _help_text(self) -> str:
         spec = importlib.util.find_spec(self.module)
         if spec is None or spec.origin is None:
             return ""
@@ -143,4 +153,4 @@ def _share(command: Any, make: Callable[[], list[Any]]) -> None:
     command.params.extend(p for p in make() if not taken & set(p.opts))
 
 
-__all__ = ["LazyCommand", "LazyGroup"]
+__all__ = ["LazyCommand", "LazyGroup", "first_paragraph"]
