@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from rmqkit.broker.identity import BrokerIdentity, broker_identity
 from rmqkit.broker.management import management
 from rmqkit.broker.session import session
 from rmqkit.broker.snapshot import Snapshot, read_snapshot
@@ -28,7 +29,6 @@ from rmqkit.health.findings import (
     Finding,
     Severity,
 )
-from rmqkit.health.identity import BrokerIdentity, broker_identity
 from rmqkit.health.roles import Role, classify
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from rmqkit.broker.identity import broker_identity
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.snapshot import QueueView, Snapshot, number, read_snapshot
 from rmqkit.errors import RmqkitError
 from rmqkit.health.alarms import NodeAlarm, node_alarms
 from rmqkit.health.delayed import DelayedView, find_ladders, ladder_target, rung_names
-from rmqkit.health.identity import broker_identity
 from rmqkit.health.quorum import QuorumState, quorum_state
 from rmqkit.health.roles import Role, classify, flow_parent
 from rmqkit.parking.model import ParkedFilter
@@ -143,7 +143,7 @@ class StatusReport:
     groups: list[GroupStatus] = field(default_factory=list)
     rates_kept: bool = True
     source: str | None = None  # the topology file, if one selected the queues
-    # AMQP unreachable, or another cluster than the management API (see health.identity)
+    # AMQP unreachable, or another cluster than the management API (see broker.identity)
     broker_warning: str | None = None
     # Memory/disk alarms of the cluster's nodes; None: /api/nodes not readable (monitoring tag)
     alarms: list[NodeAlarm] | None = field(default_factory=list)

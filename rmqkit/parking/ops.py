@@ -13,10 +13,10 @@ from typing import Any
 
 from rmqkit import headers as h
 from rmqkit.broker.amqp import parse_version
+from rmqkit.broker.identity import BrokerIdentity
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session, open_session
 from rmqkit.errors import BrokerError, ConfigError
-from rmqkit.health.identity import BrokerIdentity
 from rmqkit.parking.browse import (
     BrowseStats,
     Verdict,
@@ -64,7 +64,7 @@ async def require_same_broker(settings: Settings, api: ManagementClient, amqp: S
 
     The parking commands read a queue's settings through the API and its messages over AMQP:
     a stale RMQKIT_MANAGEMENT_URL made them call a full lane "does not exist". Named as
-    `status` and `doctor` name it (health.identity). An API that cannot say passes.
+    `status` and `doctor` name it (broker.identity). An API that cannot say passes.
     """
     try:
         overview = await api.overview()
