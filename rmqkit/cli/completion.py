@@ -30,9 +30,9 @@ def completion(
 ) -> None:
     """Print the shell completion script: put eval "$(rmqkit completion bash)" in ~/.bashrc
     (zsh: the same in ~/.zshrc; fish: save it as ~/.config/fish/completions/rmqkit.fish)."""
-    from typer._click.shell_completion import get_completion_class
     from typer._completion_classes import completion_init
 
+    from rmqkit.cli.clickcompat import get_completion_class
     from rmqkit.cli.main import app
 
     completion_init()  # registers typer's bash/zsh/fish classes

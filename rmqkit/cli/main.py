@@ -13,11 +13,10 @@ from typing import Any
 
 import typer
 from typer import Abort
-from typer._click.exceptions import ClickException, NoArgsIsHelpError
-from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperGroup
 
 from rmqkit._version import __version__
+from rmqkit.cli.clickcompat import ClickException, ClickUsageError, NoArgsIsHelpError
 from rmqkit.cli.lazy import LazyCommand, LazyGroup
 from rmqkit.errors import ExitCode, RmqkitError
 
@@ -229,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.USAGE
     except ClickException as exc:
         print(f"rmqkit: error: {_one_line(exc.format_message())}", file=sys.stderr)
-        return exc.exit_code
+        return int(exc.exit_code)
     except Abort:  # Ctrl-C or end of input at a prompt
         print("rmqkit: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
@@ -262,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     return result if type(result) is int else ExitCode.OK
 
 
-def usage_line(exc: ClickUsageError, argv: list[str]) -> str:
+def usage_line(exc: Any, argv: list[str]) -> str:
     """Click's usage error as rmqkit's one line, naming the help of the command it concerns."""
     where = exc.ctx.command_path if exc.ctx is not None else _command_path(argv)
     # typer words a bad choice "Value error, 'x' is not one of …": the prefix says nothing.

@@ -204,4 +204,5 @@ def test_completing_a_command_name_imports_no_command_module() -> None:
         "rmqkit.cli.main",
         "rmqkit.cli.lazy",
         "rmqkit.cli.completion",
+        "rmqkit.cli.clickcompat",  # where click lives (typer._click or click): no command
     }
