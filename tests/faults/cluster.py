@@ -105,6 +105,28 @@ def q(name: str) -> str:
     return quote(name, safe="")
 
 
+def await_node_startup(node_name: str, timeout_s: float) -> str | None:
+    """`rabbitmqctl await_startup` on ``node_name``, retried until ``timeout_s`` (it fails at
+    once before the node registers with epmd): None once the app runs, else the last output."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        remaining = max(5, int(deadline - time.monotonic()))
+        result = rabbitmqctl(
+            node_name,
+            "await_startup",
+            "--timeout",
+            str(remaining),
+            timeout=remaining + 10,
+            check=False,
+        )
+        if result.returncode == 0:
+            return None
+        last = (result.stdout + result.stderr).strip()
+        time.sleep(0.5)
+    return last
+
+
 def _client_properties(raw: object) -> dict[str, object]:
     """A connection's client properties as `rabbitmqctl list_connections --formatter json`
     gives them: a list of [key, type, value] triples; a connection still in its handshake has
@@ -453,22 +475,9 @@ class Cluster:
         """Wait until the node's app is running: `await_startup`, retried while the node is not
         reachable yet (it fails at once before the node registers with epmd)."""
         node = self.nodes[short]
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        while time.monotonic() < deadline:
-            remaining = max(5, int(deadline - time.monotonic()))
-            result = rabbitmqctl(
-                node.name,
-                "await_startup",
-                "--timeout",
-                str(remaining),
-                timeout=remaining + 10,
-                check=False,
-            )
-            if result.returncode == 0:
-                return
-            last = (result.stdout + result.stderr).strip()
-            time.sleep(0.5)
+        last = await_node_startup(node.name, timeout_s)
+        if last is None:
+            return
         log_tail = ""
         for path in sorted((node.dir / "log").glob("*.log")):
             log_tail += path.read_text(errors="replace")[-2000:]

@@ -115,24 +115,9 @@ class AlarmNode:
         return self
 
     def _await_startup(self, timeout_s: float) -> None:
-        # await_startup fails at once until the node has registered with epmd: retry it.
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        while time.monotonic() < deadline:
-            remaining = max(5, int(deadline - time.monotonic()))
-            result = rabbitmqctl(
-                self.name,
-                "await_startup",
-                "--timeout",
-                str(remaining),
-                timeout=remaining + 10,
-                check=False,
-            )
-            if result.returncode == 0:
-                return
-            last = (result.stdout + result.stderr).strip()[-300:]
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} did not start within {timeout_s:.0f} s: {last}")
+        last = cluster.await_node_startup(self.name, timeout_s)
+        if last is not None:
+            raise RuntimeError(f"{self.name} did not start within {timeout_s:.0f} s: {last[-300:]}")
 
     def _management_ready(self) -> bool:
         try:
