@@ -5,7 +5,6 @@ logged and counted, and nothing is lost or parked."""
 from __future__ import annotations
 
 import re
-import socket
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,15 +13,10 @@ import httpx
 from tests import broker
 from tests.consumer_harness import ConsumerProcess, events, wait_until
 from tests.handlers import body
+from tests.ports import free_port
 
 WORK, PARKING = "jobs.work", "jobs.work.parking"
 KEYS, VERSIONS = 10, 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_burst_of_100_updates_for_10_keys_handles_about_the_newest_per_key(
@@ -40,7 +34,7 @@ def test_a_burst_of_100_updates_for_10_keys_handles_about_the_newest_per_key(
     broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m)) for m in plain])
     assert broker.depths(jobs_vhost, [WORK])[WORK] == 105
 
-    ledger, port = tmp_path / "ledger.db", _free_port()
+    ledger, port = tmp_path / "ledger.db", free_port()
     consumer = ConsumerProcess(
         jobs_vhost,
         ledger,

@@ -225,13 +225,11 @@ def test_jitter_spreads_a_burst_of_retries_over_the_tier_window(
 def test_metrics_readiness_and_json_logs_with_message_context(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
-    import socket
-
     import httpx
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from tests.ports import free_port
+
+    port = free_port()
     ok = [uuid.uuid4().hex for _ in range(20)]
     broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m)) for m in ok])
     [bad] = [uuid.uuid4().hex]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 import uuid
@@ -35,15 +34,10 @@ from rmqkit.topology.expand import policy_name
 from tests import broker
 from tests.consumer_harness import ConsumerProcess, effects, events, wait_until
 from tests.handlers import body, record
+from tests.ports import free_port
 
 WORK, PARKING = "jobs.work", "jobs.work.parking"
 DELIVERY_LIMIT = 3  # tests/topologies/jobs.toml
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _add_to_rmqkit_policy(vhost: str, queue: str, **settings: Any) -> None:
@@ -127,7 +121,7 @@ def test_a_full_parking_queue_does_not_make_an_endless_retry_loop(
         jobs_vhost, "jobs", "job", [(m, body(id=m, permanent=True)) for m in ids]
     )
     ledger = tmp_path / "ledger.db"
-    port = _free_port()
+    port = free_port()
     consumer = ConsumerProcess(jobs_vhost, ledger, "--metrics-port", str(port), "--grace", "5s")
     consumers.append(consumer)
 
@@ -301,7 +295,7 @@ def test_a_consumer_timeout_shorter_than_a_handler_is_detected_and_recovered(
     ids = [uuid.uuid4().hex for _ in range(5)]
     broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m)) for m in ids])
     ledger = tmp_path / "ledger.db"
-    port = _free_port()
+    port = free_port()
     consumer = ConsumerProcess(
         jobs_vhost,
         ledger,
@@ -349,7 +343,7 @@ def test_a_deleted_work_queue_cancels_the_consumer_which_says_so_and_stops(
     """Any version: deleting the work queue makes the broker cancel the consumer (basic.cancel).
     The consumer logs it, fails /readyz, reconnects, and then stops with exit 78 because the
     queue does not exist. On 7cb9a46 it logged nothing of its own and kept running, ready."""
-    port = _free_port()
+    port = free_port()
     consumer = ConsumerProcess(jobs_vhost, tmp_path / "ledger.db", "--metrics-port", str(port))
     consumers.append(consumer)
     assert wait_until(lambda: "consuming jobs.work" in consumer.output(), timeout_s=20)

@@ -18,7 +18,6 @@ import os
 import random
 import re
 import signal
-import socket
 import time
 import uuid
 from collections import Counter
@@ -32,6 +31,7 @@ from rmqkit.idempotency import init_store
 from tests import broker
 from tests.consumer_harness import ConsumerProcess, effects, wait_until
 from tests.dedupe_harness import business_tables, query, store_dsn
+from tests.ports import free_port
 
 WORK, PARKING = "dd.work", "dd.work.parking"
 TOPOLOGY = """
@@ -69,13 +69,6 @@ def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         init_store(made)
         business_tables(made)
         yield made
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def _consumer(
@@ -123,7 +116,7 @@ def test_duplicates_three_ways_each_id_one_business_row(
         messages.append((mid, b"{}"))
         if mid in twice:  # the publisher's re-send after a "lost" confirm, a little later
             messages.insert(rng.randrange(len(messages) // 2, len(messages) + 1), (mid, b"{}"))
-    ports = [_port(), _port()]
+    ports = [free_port(), free_port()]
     first = _consumer(dd_vhost, tmp_path, topology, dsn, "apply", "--metrics-port", str(ports[0]))
     second = _consumer(
         dd_vhost, tmp_path, topology, dsn, "apply_sync", "--metrics-port", str(ports[1])
@@ -147,6 +140,8 @@ def test_duplicates_three_ways_each_id_one_business_row(
         dd_vhost, broker.queue_names(dd_vhost)
     )
     elapsed = time.monotonic() - started
+    for consumer in (first, second):  # both still serving: a worker's restart can fail too
+        assert consumer.proc.poll() is None, consumer.output()[-3000:]
     duplicates_now = sum(_metric(p, "duplicates_total") for p in ports)
     assert first.stop() == 0 and second.stop() == 0
     logs = first.output() + second.output()
@@ -203,7 +198,7 @@ def test_shuffled_versions_converge_and_stale_ones_are_counted(
         messages,
         headers=lambda i: {"k": deliveries[i][0], "v": deliveries[i][1]},
     )
-    port = _port()
+    port = free_port()
     consumer = _consumer(
         dd_vhost,
         tmp_path,
@@ -273,7 +268,7 @@ def test_a_handler_without_the_transaction_is_called_once_per_id(
     duplicates (the same id published twice) are acked without calling it."""
     ids = [uuid.uuid4().hex for _ in range(300)]
     broker.publish_with_ids(dd_vhost, "dd", "dd", [(m, b"{}") for m in ids + ids[:30]])
-    port = _port()
+    port = free_port()
     consumer = _consumer(
         dd_vhost, tmp_path, topology, dsn, "effect_outside", "--metrics-port", str(port)
     )

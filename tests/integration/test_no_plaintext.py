@@ -21,7 +21,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ import pytest
 from rmqkit.crypto import encrypt_fields, load_keyring_file
 from tests import broker
 from tests.consumer_harness import wait_until
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COUNT = int(os.environ.get("RMQKIT_NO_PLAINTEXT_COUNT", "1000"))  # ~30 s on 4.3.6
@@ -77,13 +77,6 @@ def _body(i: int) -> dict[str, Any]:
         "tax_id": f"{SENTINEL}-tax-{i % 5}",
         "card": {"holder": f"{SENTINEL} holder {i}", "last4": "4242"},
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -162,7 +155,7 @@ def run(vhost: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     state.parked |= dict.fromkeys(state.tampered, "undecryptable")
 
     # consume at debug level, with a metrics page, until everything is handled or parked
-    port = _free_port()
+    port = free_port()
     seen = tmp / "handler.jsonl"
     log_path = tmp / "consume.log"
     with log_path.open("w") as log:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ import pytest
 from rmqkit.settings import with_vhost
 from rmqkit.topology import declare_topology, load_topology
 from tests import broker
+from tests.ports import closed_port
 from tests.runbooks_harness import RUNBOOKS, Runbook, blocks
 
 WORK = "orders.work"
@@ -290,19 +290,12 @@ def test_topology_rotation(declared: str, workdir: Path, runbook: Callable[[str]
     assert policy["definition"]["max-length"] == 2000
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port  # closed again: nothing listens on it
-
-
 def test_node_loss(declared: str, runbook: Callable[[str], Runbook]) -> None:
     """Single node: the lost node is a port nothing listens on, the survivor the test broker."""
     broker.publish_with_ids(
         declared, "orders", "order.created", [(f"o-{i}", b"{}") for i in range(5)]
     )
-    lost = with_vhost(f"amqp://guest:guest@127.0.0.1:{_closed_port()}/", declared)
+    lost = with_vhost(f"amqp://guest:guest@127.0.0.1:{closed_port()}/", declared)
     placeholders = {
         "LOST_NODE_URL": lost,
         "SURVIVING_NODE_URL": with_vhost(broker.BASE_URL, declared),
