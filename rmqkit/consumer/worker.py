@@ -103,10 +103,10 @@ async def _main(
         loop.add_signal_handler(sig, on_signal)
     for warning in dict.fromkeys(w for c in consumers for w in c.config.warnings):
         log.warning("%s", warning)
-    server = None
+    server, rebind = None, None
     if config.metrics_port is not None:
         server = HealthServer(metrics, port=config.metrics_port)
-        await server.start()
+        rebind = await _serve(server, restarted=cautious)
     beat = asyncio.create_task(_heartbeat(metrics))
     try:
         for consumer in consumers:
@@ -119,12 +119,46 @@ async def _main(
                 await consumer.dedupe.close()
             consumer.close()
         beat.cancel()
+        if rebind is not None:
+            rebind.cancel()
         if server is not None:
             await server.stop()
     log.info("stopped after %d message(s)", sum(c.processed for c in consumers))
     if any(c.recycle for c in consumers) and not signals:
         return RECYCLE_EXIT_CODE
     return ExitCode.OK
+
+
+METRICS_RETRY_S = 2.0
+
+
+async def _serve(server: HealthServer, *, restarted: bool) -> asyncio.Task[None] | None:
+    """Start the metrics server; a restarted worker consumes on while its port is taken.
+
+    On the first start a taken port is the operator's mistake: exit 78 at once. A worker the
+    supervisor restarts (after a crash or kill -9) can find its port briefly taken by something
+    else, e.g. as an outgoing connection's source port; stopping the whole consumer for that
+    would halt the queue over a metrics endpoint, so it warns and binds again in the background.
+    """
+    if not restarted:
+        await server.start()
+        return None
+    try:
+        await server.start()
+    except RmqkitError as exc:
+        log.warning(
+            "%s; consuming without metrics, binding again every %.0fs", exc, METRICS_RETRY_S
+        )
+        return asyncio.create_task(_bind_later(server))
+    return None
+
+
+async def _bind_later(server: HealthServer) -> None:
+    while not server.started:
+        await asyncio.sleep(METRICS_RETRY_S)
+        with contextlib.suppress(RmqkitError):
+            await server.start()
+    log.info("metrics server listening again")
 
 
 async def _heartbeat(metrics: ConsumerMetrics) -> None:
