@@ -64,3 +64,16 @@ def test_the_expected_fields_fast_path_still_opens_every_envelope() -> None:
     assert opened == {**body, "note": "mentions $rmqkit_enc in passing"}
     plain = json.dumps(body).encode()
     assert decrypt_fields(plain, None, RING, first=first) is plain
+
+
+def test_the_fast_path_with_odd_shapes_opens_each_envelope_once() -> None:
+    """Expected paths under a list, a string or nothing; listed twice; a decrypted value that is
+    itself an object with the marker key (user data): each envelope is opened exactly once."""
+    first = ["customer.name", "tax_id", "tax_id", "missing.deep"]
+    odd = {"$rmqkit_enc": "user data, not an envelope"}
+    body = {"customer": {"name": odd}, "tax_id": "12345", "missing": "text"}
+    sealed = encrypt_fields(json.dumps(body).encode(), ["customer.name", "tax_id"], [], RING)
+    assert json.loads(decrypt_fields(sealed, None, RING, first=first)) == body
+    listed = {"customer": [{"name": "x"}], "tax_id": {"deep": "y"}, "extra": {"v": 1}}
+    sealed2 = encrypt_fields(json.dumps(listed).encode(), ["extra.v", "tax_id.deep"], [], RING)
+    assert json.loads(decrypt_fields(sealed2, None, RING, first=first)) == listed
