@@ -35,6 +35,7 @@ from rmqkit.settings import Settings
 log = logging.getLogger("rmqkit.consumer")
 _PERSISTENT = 2
 CAUTIOUS_SETTLED = 10
+BLOCKED_EVERY_S = 30.0  # how often a blocked consumer repeats that it is (the first line: at once)
 # ...and for at least this long: a message that crashes workers comes back within seconds of
 # each crash (restart backoff 0.2 s, 0.4 s, …); every worker must still be cautious then, or it
 # receives the poison with a full window and spends its neighbours' delivery attempts.
@@ -170,26 +171,38 @@ class Consumer(Dispatcher):
         )
         stop_wait = asyncio.ensure_future(self._stop.wait())
         closing = asyncio.ensure_future(channel.closing)
+        # A memory or disk alarm blocks this connection at its first retry or park publish,
+        # and then its acks wait too: say so at once and while it lasts, or a stalled consumer
+        # looks idle to whoever is on call (nothing is lost: the broker reads it all later).
+        blocks = conn.reporting_blocks(
+            log.warning,
+            every_s=BLOCKED_EVERY_S,
+            what="this consumer (its acks, retries and parks wait)",
+            progress=lambda: f"{self._in_flight} message(s) in hand",
+        )
         try:
-            done, _ = await asyncio.wait(
-                {stop_wait, closing, cancelled}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if closing in done or channel.is_closed:
-                tracker.alive = False
-                raise ConnectionError(f"channel closed: {channel.closed_reason()}")
-            if cancelled in done:
-                tracker.alive = False
-                log.error(
-                    "the broker cancelled consumer %s on %s (the queue's consumer timeout %gs "
-                    "passed with a message unacked, or the queue was deleted); no deliveries "
-                    "until reconnected; %d handler(s) still running, their messages come back",
-                    cancelled.result(),
-                    self.config.queue,
-                    self.config.consumer_timeout_s,
-                    self._in_flight,
+            async with blocks:
+                done, _ = await asyncio.wait(
+                    {stop_wait, closing, cancelled}, return_when=asyncio.FIRST_COMPLETED
                 )
-                raise ConsumerCancelled(f"consumer {cancelled.result()} cancelled by the broker")
-            await self._drain(channel, self._consumer_tag, tracker)
+                if closing in done or channel.is_closed:
+                    tracker.alive = False
+                    raise ConnectionError(f"channel closed: {channel.closed_reason()}")
+                if cancelled in done:
+                    tracker.alive = False
+                    log.error(
+                        "the broker cancelled consumer %s on %s (the queue's consumer timeout %gs "
+                        "passed with a message unacked, or the queue was deleted); no deliveries "
+                        "until reconnected; %d handler(s) still running, their messages come back",
+                        cancelled.result(),
+                        self.config.queue,
+                        self.config.consumer_timeout_s,
+                        self._in_flight,
+                    )
+                    raise ConsumerCancelled(
+                        f"consumer {cancelled.result()} cancelled by the broker"
+                    )
+                await self._drain(channel, self._consumer_tag, tracker)
         finally:
             channel.discard_cancel_listener(on_cancel)
             stop_wait.cancel()

@@ -31,6 +31,15 @@ from tests.faults.cluster import ClusterUnavailable, poll
 from tests.integration.alarm_node import AlarmNode
 
 ROOT = Path(__file__).resolve().parents[2]
+CONSUME = [
+    sys.executable,
+    "-m",
+    "rmqkit",
+    "consume",
+    "tests.handlers:handle",
+    "--queue",
+    "jobs.work",
+]
 
 
 @pytest.fixture(scope="module")
@@ -299,3 +308,70 @@ def test_an_outbox_relay_blocked_by_an_alarm_logs_why_and_publishes_once_it_clea
     assert relay.returncode == 0, err
     assert "published 5" in out
     assert sorted(mid for mid, _ in _drain(node, queue)) == sorted(ids)
+
+
+def test_a_consumer_the_alarm_blocks_says_so_and_parks_everything_once_it_clears(
+    node: AlarmNode, tmp_path: Path
+) -> None:
+    """Its park publishes (then its acks) wait while the broker blocks the connection: the
+    consumer's log says so at once, with the reason and what it holds, and when it ends; then
+    every message is parked, none lost, none left in the work queue."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
+    env.update(
+        RMQKIT_URL=node.url,
+        RMQKIT_MANAGEMENT_URL=node.management_url,
+        RMQKIT_TEST_LEDGER=str(tmp_path / "ledger.db"),
+    )
+    topology = str(ROOT / "tests" / "topologies" / "jobs.toml")
+    declared = subprocess.run(
+        [sys.executable, "-m", "rmqkit", "declare", "-t", topology],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert declared.returncode == 0, declared.stderr
+    ids = [uuid.uuid4().hex for _ in range(5)]
+
+    async def publish() -> None:
+        connection = await aio_pika.connect(node.url)
+        async with connection:
+            channel = await connection.channel()
+            for mid in ids:
+                body = json.dumps({"id": mid, "permanent": True}).encode()
+                await channel.default_exchange.publish(
+                    aio_pika.Message(body, message_id=mid, delivery_mode=2), "jobs.work"
+                )
+
+    asyncio.run(publish())
+    log = tmp_path / "consumer.log"
+    with log.open("w") as out, node.memory_alarm():
+        consumer = subprocess.Popen(
+            [*CONSUME, "--topology", topology],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
+        try:
+            assert poll(lambda: "broker blocks this consumer" in log.read_text(), 30), (
+                log.read_text()
+            )
+            text = log.read_text()
+            assert "low on memory" in text and "message(s) in hand" in text, text
+            assert _depth(node, "jobs.work.parking") == 0  # its park publishes were not read yet
+        except BaseException:
+            consumer.kill()
+            raise
+    try:
+        assert poll(
+            lambda: _depth(node, "jobs.work.parking") == 5 and _depth(node, "jobs.work") == 0, 30
+        )
+        assert poll(lambda: "broker unblocked this consumer" in log.read_text(), 30)
+    finally:
+        consumer.terminate()
+        assert consumer.wait(30) == 0, log.read_text()
+    parked = {mid for mid, _ in _drain(node, "jobs.work.parking")}
+    assert parked == set(ids)
