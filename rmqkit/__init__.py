@@ -31,6 +31,7 @@ from rmqkit.errors import (
 if TYPE_CHECKING:
     from rmqkit import outbox
     from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
+    from rmqkit.crypto.model import Sensitive
     from rmqkit.idempotency.record import Transaction
     from rmqkit.settings import Settings, load_settings
 
@@ -41,6 +42,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Message": ("rmqkit.consumer.message", "Message"),
     "Permanent": ("rmqkit.consumer.message", "Permanent"),
     "Retry": ("rmqkit.consumer.message", "Retry"),
+    # Annotated[str, rmqkit.Sensitive()] on a pydantic model field: encrypted (docs/encryption.md)
+    "Sensitive": ("rmqkit.crypto.model", "Sensitive"),
     "Transaction": ("rmqkit.idempotency.record", "Transaction"),
     "Settings": ("rmqkit.settings", "Settings"),
     "load_settings": ("rmqkit.settings", "load_settings"),
@@ -77,6 +80,7 @@ __all__ = [
     "Permanent",
     "Retry",
     "RmqkitError",
+    "Sensitive",
     "Settings",
     "TopologyConflict",
     "TopologyFileError",

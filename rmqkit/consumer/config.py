@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rmqkit.consumer.decision import QueuePolicy
+from rmqkit.consumer.loading import LoadedHandler, loaded_handler, type_label
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import ConfigError
 from rmqkit.topology.expand import jitter_slot_delays
@@ -65,7 +66,8 @@ class ConsumerConfig:
     siblings: tuple[ConsumerConfig, ...] = ()
     # The queue's encrypted fields (topology: encrypt = true, sensitive_fields): opened first,
     # so a body holding envelopes only there skips the walk over the whole body. Every other
-    # envelope is still opened (all or nothing): this is a fast path, not a filter.
+    # envelope is still opened (all or nothing): this is a fast path, not a filter. Also the
+    # fields the handler's model marks rmqkit.Sensitive (LoadedHandler.sensitive).
     encrypted_fields: tuple[str, ...] = ()
 
     @property
@@ -154,8 +156,13 @@ def build_config(
     flags: ConsumerFlags,
     topology: Topology | None = None,
     broker_consumer_timeout_s: float | None = None,
+    loaded: LoadedHandler | None = None,
 ) -> ConsumerConfig:
-    """Combine flags, topology and broker facts; collect warnings for the operator."""
+    """Combine flags, topology and broker facts; collect warnings for the operator.
+
+    ``loaded``: the handler (default: the one this process loaded for ``handler``, if any);
+    the fields its model marks ``rmqkit.Sensitive`` join ``encrypted_fields``.
+    """
     spec = queue_spec(topology, queue) if topology is not None else None
     if flags.permanent_errors:
         policy = replace(
@@ -202,6 +209,15 @@ def build_config(
         prefetch = flags.concurrency
     if prefetch > 2000:
         warnings.append(f"prefetch {prefetch} is above the 2,000 quorum queues allow")
+    encrypted = tuple(spec.sensitive_fields) if spec is not None and spec.encrypt else ()
+    loaded = loaded or loaded_handler(handler)
+    marked = loaded.sensitive[0] if loaded is not None else ()
+    if topology is not None and loaded is not None:
+        warnings += [
+            _unencrypted_warning(topology, queue, path, loaded)
+            for path in marked
+            if path not in encrypted
+        ]
     return ConsumerConfig(
         handler=handler,
         queue=queue,
@@ -219,5 +235,16 @@ def build_config(
         warnings=tuple(warnings),
         dedupe=flags.dedupe,
         conflate_key_header=flags.conflate_key_header or None,
-        encrypted_fields=tuple(spec.sensitive_fields) if spec is not None and spec.encrypt else (),
+        encrypted_fields=(*encrypted, *(p for p in marked if p not in encrypted)),
+    )
+
+
+def _unencrypted_warning(topology: Topology, queue: str, path: str, loaded: LoadedHandler) -> str:
+    # The consumer decrypts whatever arrives encrypted; it is the publishers (rmqkit publish
+    # --topology, the outbox relay's check) that go by the topology file, so a field only the
+    # model marks reaches the broker, and parking, in plaintext from them.
+    return (
+        f"{type_label(loaded.input_type)} marks {path} rmqkit.Sensitive, but work queue "
+        f"{queue!r} in {topology.source} does not encrypt it (sensitive_fields with "
+        "encrypt = true): publishers using the topology send it in plaintext — add it there"
     )

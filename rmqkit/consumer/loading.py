@@ -17,6 +17,12 @@ What a handler receives depends on the annotation of its one parameter:
 A body that fails that decoding or validation never reaches the handler: the outcome is
 ``Undecodable`` (parked as ``undecodable``).
 
+A model that marks fields ``rmqkit.Sensitive`` (rmqkit.crypto.model) has them listed in
+``LoadedHandler.sensitive`` (a mark no field path can name is a ConfigError here); the consumer
+adds them to the fields it decrypts first and warns about those its topology does not encrypt
+(rmqkit.consumer.config). ``loaded_handler(spec)`` is the handler this process loaded for
+``spec``, for the configuration built after it.
+
 A second positional parameter annotated ``rmqkit.Transaction`` receives the open transaction of
 ``consume --dedupe`` (rmqkit.idempotency): ``takes_transaction`` is then set.
 """
@@ -38,6 +44,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter
 
 from rmqkit.consumer.message import DecodeError, Message
+from rmqkit.crypto.model import sensitive_fields
 from rmqkit.errors import ConfigError
 from rmqkit.idempotency.record import Transaction
 
@@ -70,6 +77,8 @@ class LoadedHandler:
     convert: Callable[[Message], Any] | None = None
     # A second parameter annotated rmqkit.Transaction: called as target(argument, transaction).
     takes_transaction: bool = False
+    # The JSON paths the input model marks rmqkit.Sensitive, and the blind-indexed ones.
+    sensitive: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
     def describe(self) -> str:
         """One line for the startup log, e.g. ``async orders.handlers:handle(order: Order)``."""
@@ -91,6 +100,14 @@ class LoadedHandler:
 _MESSAGE_NAMES = frozenset({"Message", "rmqkit.Message", "rmqkit.consumer.message.Message"})
 _TRANSACTION_NAMES = frozenset({"Transaction", "rmqkit.Transaction"})
 _FORM = "expected 'module:function' (e.g. 'myapp.handlers:handle')"
+# The handler this process loaded last for each spec (rmqkit consume loads it once, then builds
+# each served queue's configuration: rmqkit.consumer.config reads its marked fields here).
+_LOADED: dict[str, LoadedHandler] = {}
+
+
+def loaded_handler(spec: str) -> LoadedHandler | None:
+    """The handler ``load_handler(spec)`` returned last in this process (None: not loaded)."""
+    return _LOADED.get(spec)
 
 
 def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
@@ -139,7 +156,13 @@ def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
     parameter = _message_parameter(spec, signature, transaction)
     annotation = _resolve_annotation(spec, target, parameter)
     handler_input, input_type, convert = _input_for(spec, parameter, annotation)
-    return LoadedHandler(
+    sensitive: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    if handler_input is HandlerInput.MODEL:
+        try:
+            sensitive = sensitive_fields(input_type)
+        except ConfigError as exc:
+            raise _load_error(spec, str(exc)) from None
+    loaded = LoadedHandler(
         spec=spec,
         target=target,
         is_async=_is_async(target),
@@ -148,7 +171,10 @@ def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
         input_type=input_type,
         convert=convert,
         takes_transaction=transaction is not None,
+        sensitive=sensitive,
     )
+    _LOADED[spec] = loaded
+    return loaded
 
 
 def _dotted_names(text: str) -> bool:
@@ -326,4 +352,11 @@ def _is_async(target: Any) -> bool:
     return not inspect.isroutine(target) and inspect.iscoroutinefunction(type(target).__call__)
 
 
-__all__ = ["HandlerInput", "LoadedHandler", "load_handler", "one_line", "type_label"]
+__all__ = [
+    "HandlerInput",
+    "LoadedHandler",
+    "load_handler",
+    "loaded_handler",
+    "one_line",
+    "type_label",
+]

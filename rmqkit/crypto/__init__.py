@@ -6,6 +6,8 @@
 - ``encrypt_fields`` / ``decrypt_fields`` / ``redact_fields`` on a JSON body (bytes or parsed),
   by dotted field path; ``Undecryptable`` (a DataError) names the path and the reason.
 - ``blind_index`` and ``Matcher``: equality search without decrypting.
+- ``Sensitive`` (``rmqkit.Sensitive``): marks a pydantic model's field sensitive;
+  ``sensitive_fields(Model)`` lists the marked fields as paths (rmqkit.crypto.model).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from rmqkit.crypto.keyring import (
     load_keyring_file,
     parse_keyring,
 )
+from rmqkit.crypto.model import Sensitive, sensitive_fields
 
 __all__ = [
     "ENV_FILE",
@@ -41,6 +44,7 @@ __all__ = [
     "KeyRing",
     "KeyRingError",
     "Matcher",
+    "Sensitive",
     "Undecryptable",
     "activate",
     "blind_index",
@@ -57,4 +61,5 @@ __all__ = [
     "parse_keyring",
     "redact_fields",
     "rotate",
+    "sensitive_fields",
 ]

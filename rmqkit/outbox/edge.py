@@ -6,8 +6,9 @@ because it needs the topology, the delay ladder and the crypto library below it,
 publish command and the outbox use it (docs/outbox.md, docs/delay.md "Wiring").
 
 - ``Encryptor``: which fields of a message to encrypt, from the work queues its exchange and
-  routing key reach (``encrypt = true``: their ``sensitive_fields``, with ``blind_index``), or a
-  fixed list; applied with ``rmqkit.crypto.encrypt_fields`` and the key ring.
+  routing key reach (``encrypt = true``: their ``sensitive_fields``, with ``blind_index``), a
+  fixed list, or the fields a pydantic model marks ``rmqkit.Sensitive`` (``model=``); applied
+  with ``rmqkit.crypto.encrypt_fields`` and the key ring.
 - ``Edge.route``: where a message goes: its lane (``topology.lane_for``; a lane message is
   published to the default exchange with the lane queue as routing key) and, delayed (explicitly,
   or by the work queue's default ``delay``), the delay ladder's entry with the ladder's headers.
@@ -23,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from rmqkit.broker.session import Session
-from rmqkit.crypto import KeyRing, encrypt_fields, find_field, is_envelope, keyring_from_env
+from rmqkit.crypto import (
+    KeyRing,
+    encrypt_fields,
+    find_field,
+    is_envelope,
+    keyring_from_env,
+    sensitive_fields,
+)
 from rmqkit.delay import DelayRangeError, Ladder, declare_ladder, declare_target
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import DataError
@@ -52,6 +60,22 @@ def reached(
     return list(topology.work_queues_for(exchange, routing_key, headers))
 
 
+def marked_fields(model: type | None) -> tuple[list[str], list[str]]:
+    """The fields ``model`` (a pydantic model class) marks ``rmqkit.Sensitive``, and the
+    blind-indexed ones, under both their JSON key (alias) and their field name: a body may be
+    dumped either way (``model_dump_json(by_alias=...)``), and a path missing from it is not an
+    error, so naming both never leaves a marked value in plaintext. ([], []) for None."""
+    if model is None:
+        return [], []
+    paths: list[str] = []
+    indexed: list[str] = []
+    for by_alias in (True, False):
+        marked, marked_indexed = sensitive_fields(model, by_alias=by_alias)
+        paths += [p for p in marked if p not in paths]
+        indexed += [p for p in marked_indexed if p not in indexed]
+    return paths, indexed
+
+
 @dataclass
 class Encryptor:
     """Encrypts the sensitive fields of message bodies before they leave (or enter the outbox).
@@ -61,7 +85,9 @@ class Encryptor:
     queue's ``sensitive_fields`` (blind-indexed: its ``blind_index``). ``keyring``: the ring
     (``Encryptor.from_env`` loads it from RMQKIT_KEYRING_FILE / RMQKIT_KEYRING); it is needed
     only when a message has fields to encrypt: then no ring is a KeyRingError (exit 78), and a
-    body that is not JSON a DataError (65) — never sent in plaintext.
+    body that is not JSON a DataError (65) — never sent in plaintext. ``model=`` (to
+    ``from_env``, ``fields_for``, ``encrypt``): also the fields a pydantic model class marks
+    ``rmqkit.Sensitive`` (``rmqkit.outbox.add`` passes the class of a model body itself).
     """
 
     fields: Sequence[str] = ()
@@ -76,17 +102,32 @@ class Encryptor:
         *,
         fields: Sequence[str] = (),
         blind_index: Sequence[str] = (),
+        model: type | None = None,
     ) -> Encryptor:
         """An Encryptor with the key ring of the environment (None if not set: an error only
-        once a message needs it)."""
-        return cls(fields, blind_index, keyring_from_env(), _load(topology))
+        once a message needs it). ``model``: a pydantic model class whose ``rmqkit.Sensitive``
+        fields are encrypted in every message (for publishers that send its JSON as bytes);
+        ConfigError (78) for a mark no path can name."""
+        marked, marked_indexed = marked_fields(model)
+        paths = [*fields, *(p for p in marked if p not in fields)]
+        indexed = [*blind_index, *(p for p in marked_indexed if p not in blind_index)]
+        return cls(paths, indexed, keyring_from_env(), _load(topology))
 
     def fields_for(
-        self, exchange: str, routing_key: str, headers: Mapping[str, Any] | None = None
+        self,
+        exchange: str,
+        routing_key: str,
+        headers: Mapping[str, Any] | None = None,
+        *,
+        model: type | None = None,
     ) -> tuple[list[str], list[str]]:
         """The fields to encrypt in a message for ``exchange``/``routing_key``, and which of them
-        get a blind index (the union over the work queues it reaches: each gets ciphertext)."""
+        get a blind index (the union over the work queues it reaches: each gets ciphertext, and
+        the fields ``model`` marks)."""
         paths, indexed = list(self.fields), list(self.blind_index)
+        marked, marked_indexed = marked_fields(model)
+        paths += [p for p in marked if p not in paths]
+        indexed += [p for p in marked_indexed if p not in indexed]
         for queue in reached(self.topology, exchange, routing_key, headers):
             spec = _spec(self.topology, queue) if self.topology is not None else None
             if spec is None or not spec.encrypt:
@@ -101,9 +142,12 @@ class Encryptor:
         routing_key: str,
         body: bytes,
         headers: Mapping[str, Any] | None = None,
+        *,
+        model: type | None = None,
     ) -> bytes:
-        """``body`` with its sensitive fields encrypted (the same bytes when there are none)."""
-        paths, indexed = self.fields_for(exchange, routing_key, headers)
+        """``body`` with its sensitive fields encrypted (the same bytes when there are none);
+        ``model``: the pydantic model class ``body`` is the JSON of (its marked fields too)."""
+        paths, indexed = self.fields_for(exchange, routing_key, headers, model=model)
         if not paths:
             return body
         return encrypt_fields(body, paths, indexed, self.keyring)

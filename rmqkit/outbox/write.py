@@ -15,8 +15,10 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
+from rmqkit.crypto.model import sensitive_fields
 from rmqkit.delay import DelayRangeError, Ladder
 from rmqkit.durations import parse_duration_ms
+from rmqkit.errors import ConfigError
 from rmqkit.outbox.schema import TABLE
 from rmqkit.store import AsyncSQLiteConnection, dialect_of
 
@@ -100,6 +102,15 @@ def encode_body(body: object) -> tuple[bytes, str | None]:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(), JSON
 
 
+def marked_model(body: object) -> type | None:
+    """The class of ``body`` if it is a pydantic model that marks fields ``rmqkit.Sensitive``
+    (rmqkit.crypto.model), else None."""
+    if not callable(getattr(body, "model_dump_json", None)):
+        return None  # not a pydantic model (checked without importing pydantic)
+    model = type(body)
+    return model if sensitive_fields(model)[0] else None
+
+
 def delay_ms_of(delay: Delay) -> int | None:
     """``add(delay=...)``: a ``timedelta`` or a duration (``"90s"``) in whole ms; ``"0s"`` or
     ``timedelta(0)`` is 0 (no delay, even where the work queue has a default one), None is
@@ -139,10 +150,18 @@ def row_values(
 ) -> tuple[str, dict[str, Any]]:
     """The message_id and the row's values by column (``COLUMNS``, plus ``delay_ms`` when a
     delay is given: a table created before that column keeps working without delays)."""
+    model = marked_model(body)
+    if model is not None and encryptor is None:
+        # Personal data is never written in plaintext, not even into the caller's own table.
+        raise ConfigError(
+            f"the body is a {model.__qualname__}, which marks "
+            f"{', '.join(sensitive_fields(model)[0])} rmqkit.Sensitive: pass "
+            "encryptor=rmqkit.outbox.Encryptor.from_env(...) to add; nothing written"
+        )
     data, implied = encode_body(body)
     delay_ms = delay_ms_of(delay)
     if encryptor is not None:  # before the row is written: the table holds ciphertext
-        data = encryptor.encrypt(exchange, routing_key, data, headers)
+        data = encryptor.encrypt(exchange, routing_key, data, headers, model=model)
     mid = message_id or str(uuid.uuid4())
     problem = wire_problem(exchange, routing_key, mid, content_type or implied)
     encoded_headers = None
@@ -196,7 +215,9 @@ def add(
     --topology``). Beyond the ladder's maximum: DelayRangeError (65), nothing written.
     ``encryptor`` (``rmqkit.outbox.Encryptor``): the body's sensitive fields are encrypted before
     the row is written, so the table never holds them in plaintext; KeyRingError (78) without a
-    key ring, DataError (65) for a body that is not JSON.
+    key ring, DataError (65) for a body that is not JSON. A pydantic model ``body`` whose
+    class marks fields ``rmqkit.Sensitive`` has them encrypted too (beside the encryptor's
+    own); without an ``encryptor`` such a body is a ConfigError (78), nothing written.
     """
     mid, values = row_values(
         exchange=exchange,
