@@ -76,42 +76,72 @@ def ladder_dict(plan: Plan) -> dict[str, Any] | None:
     }
 
 
+Row = tuple[str, str, str, str, str]  # kind, name, action, detail, fix
+
+
+def plan_rows(plan: Plan, *, show_in_sync: bool = True) -> list[Row]:
+    """The lines a plan prints. Without ``show_in_sync`` (plan's default, declare), a delay
+    ladder that is new as a whole (every object of it to create: a few hundred exchanges,
+    queues and bindings) is one line; any other action on a ladder object lists it as usual,
+    so nothing but plain creation is ever summed up. ``--all`` and ``--json`` list every one."""
+    changes = [c for c in plan.changes if show_in_sync or c.action != "in-sync"]
+    base = plan.desired.ladder
+    if show_in_sync or base is None:
+        return [(c.kind, c.name, c.action, c.detail, c.fix) for c in changes]
+
+    def of_ladder(name: str) -> bool:
+        return name == base or name.startswith((base + ".", base + " "))
+
+    ladder = [c for c in plan.changes if of_ladder(c.name)]
+    if not ladder or any(c.action != "create" for c in ladder):
+        return [(c.kind, c.name, c.action, c.detail, c.fix) for c in changes]
+    counts: dict[str, int] = {}
+    for change in ladder:
+        counts[change.kind] = counts.get(change.kind, 0) + 1
+    sizes = ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in counts.items())
+    rows: list[Row] = []
+    for change in changes:
+        if not of_ladder(change.name):
+            rows.append((change.kind, change.name, change.action, change.detail, change.fix))
+        elif change is ladder[0]:
+            detail = f"a new delay ladder: {sizes} (plan --all lists each)"
+            rows.append(("ladder", base, "create", detail, ""))
+    return rows
+
+
 def print_plan(plan: Plan, *, show_in_sync: bool = True, title: str | None = None) -> None:
     """A table on a terminal; one line per object when piped (greppable, never wrapped)."""
+    rows = plan_rows(plan, show_in_sync=show_in_sync)
     if stdout.is_terminal:
-        shown = [c for c in plan.changes if show_in_sync or c.action != "in-sync"]
-        if shown:
-            stdout.print(plan_table(plan, show_in_sync=show_in_sync, title=title))
+        if rows:
+            stdout.print(plan_table(rows, title=title))
         elif title:
             stdout.print(title, highlight=False)
         return
     if title:
         print(title)
-    for change in plan.changes:
-        if change.action == "in-sync" and not show_in_sync:
-            continue
-        line = f"{change.action:<9} {change.kind:<8} {change.name}"
-        if change.detail:
-            line += f" — {change.detail}"
-        if change.fix:
-            line += f" — fix: {change.fix}"
+    for kind, name, action, detail, fix in rows:
+        line = f"{action:<9} {kind:<8} {name}"
+        if detail:
+            line += f" — {detail}"
+        if fix:
+            line += f" — fix: {fix}"
         print(line)
 
 
-def plan_table(plan: Plan, *, show_in_sync: bool = True, title: str | None = None) -> Table:
+def plan_table(rows: list[Row], *, title: str | None = None) -> Table:
+    """``plan_rows`` as a table (a terminal's view)."""
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("object")
     table.add_column("name", overflow="fold")
     table.add_column("action")
     table.add_column("detail / fix", overflow="fold")
-    for change in plan.changes:
-        if change.action == "in-sync" and not show_in_sync:
-            continue
-        text = change.detail
-        if change.fix:
-            text += f"\n[bold]fix:[/bold] {change.fix}"
-        style = _STYLE[change.action]
-        table.add_row(change.kind, change.name, f"[{style}]{change.action}[/{style}]", text)
+    for kind, name, action, detail, fix in rows:
+        text = detail
+        if fix:
+            text += f"\n[bold]fix:[/bold] {fix}"
+        style = _STYLE[action]
+        table.add_row(kind, name, f"[{style}]{action}[/{style}]", text)
     return table
 
 

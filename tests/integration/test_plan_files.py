@@ -180,3 +180,46 @@ def test_a_missing_or_doubled_file_is_a_usage_error(two_files: tuple[str, Path, 
         assert "--topology FILE" in result.stderr
     both = broker.cli("export", str(a), "-t", str(b), "--broker-version", "3.10", vhost=vhost)
     assert both.returncode == usage and "export takes one" in both.stderr, both.stderr
+
+
+DELAYED = """
+[exchanges.orders]
+type = "direct"
+
+[queues."orders.work"]
+bind = [{ exchange = "orders", routing_key = "order" }]
+delay = "5s"
+"""
+
+
+def test_a_new_delay_ladder_is_one_line_until_part_of_it_exists(
+    fresh_vhost: Callable[[], str], tmp_path: Path
+) -> None:
+    """A fresh vhost's plan named ~270 ladder objects one per line; now the ladder is one line,
+    `--all` and `--json` still list each, and once part of it exists every change is listed."""
+    vhost = fresh_vhost()
+    topology = tmp_path / "delayed.toml"
+    topology.write_text(DELAYED)
+    result = broker.cli("plan", str(topology), vhost=vhost)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = _lines(result.stdout)
+    ladder = [line for line in lines if "rmqkit.delay." in line and line.startswith("create")]
+    assert len(ladder) == 1, result.stdout
+    assert ladder[0].startswith("create    ladder   rmqkit.delay.100ms — a new delay ladder: ")
+    assert "20 queues" in ladder[0] and "(plan --all lists each)" in ladder[0]
+    assert len(lines) < 60, result.stdout
+    every = broker.cli("plan", str(topology), "--all", vhost=vhost)
+    listed = [line for line in every.stdout.splitlines() if "rmqkit.delay." in line]
+    assert len(listed) > 250, every.stdout
+    data = json.loads(broker.cli("plan", str(topology), "--json", vhost=vhost).stdout)
+    assert len([c for c in data["changes"] if "rmqkit.delay." in c["name"]]) == len(listed) - 1
+    # Declared, then one rung's binding removed: that create is listed, not summed up.
+    broker.run(declare_topology(broker.settings_for(vhost), load_topology(topology)))
+    src, dst = "rmqkit.delay.100ms", "rmqkit.delay.100ms.00-100ms"
+    bindings = broker.api("GET", f"/bindings/{broker.q(vhost)}/e/{src}/q/{dst}").json()
+    for binding in bindings:
+        path = f"/bindings/{broker.q(vhost)}/e/{src}/q/{dst}/{binding['properties_key']}"
+        assert broker.api("DELETE", path).status_code in (200, 204)
+    again = broker.cli("plan", str(topology), vhost=vhost)
+    changed = [line for line in _lines(again.stdout) if line.startswith("create")]
+    assert changed == [f"create    binding  {src} → {dst} (rmqkit-delay-top=0)"], again.stdout
