@@ -18,7 +18,7 @@ from rmqkit.consumer.config import (
     policy_from_topology,
 )
 from rmqkit.consumer.dedupe import dedupe_config
-from rmqkit.consumer.handler import load_handler
+from rmqkit.consumer.handler import LoadedHandler, load_handler
 from rmqkit.consumer.lanes import Served, served_from_names, served_from_topology
 from rmqkit.consumer.supervisor import run_supervised
 from rmqkit.consumer.wiring import (
@@ -168,12 +168,16 @@ def consume(
     # The key ring is loaded by each worker at start-up; a bad one fails here once (exit 78).
     load_keyring(*settings.keyring_sources())
     spec = load_topology(topology) if topology is not None else None
-    config = run_async(_resolve(settings, handler, queue, flags, spec))
+    config = run_async(_resolve(settings, loaded, queue, flags, spec))
     raise typer.Exit(run_supervised(settings, config, processes))
 
 
 async def _resolve(
-    settings: Settings, handler: str, queue: str, flags: ConsumerFlags, spec: Topology | None
+    settings: Settings,
+    loaded: LoadedHandler,
+    queue: str,
+    flags: ConsumerFlags,
+    spec: Topology | None,
 ) -> ConsumerConfig:
     """The consumer's configuration: QUEUE's, with its lanes or partitions as siblings
     (rmqkit.consumer.lanes), each checked and configured like a work queue of its own."""
@@ -198,7 +202,7 @@ async def _resolve(
     else:
         assert snapshot is not None
         served = served_from_names(snapshot.queues, queue)
-    configs = [_one(handler, one, flags, spec, snapshot) for one in served]
+    configs = [_one(loaded, one, flags, spec, snapshot) for one in served]
     config = configs[0]
     if unchecked is not None:
         config = replace(config, warnings=(*config.warnings, unchecked))
@@ -206,14 +210,14 @@ async def _resolve(
 
 
 def _one(
-    handler: str,
+    loaded: LoadedHandler,
     served: Served,
     flags: ConsumerFlags,
     spec: Topology | None,
     snapshot: Snapshot | None,
 ) -> ConsumerConfig:
     """One served queue's configuration; a lane's own prefetch/concurrency replace the flags'."""
-    queue = served.queue
+    queue, handler = served.queue, loaded.spec
     flags = replace(
         flags,
         prefetch=served.prefetch or flags.prefetch,
@@ -222,16 +226,16 @@ def _one(
     if snapshot is None:
         assert spec is not None
         policy = policy_from_topology(spec, queue, flags.max_attempts)
-        return build_config(handler, queue, policy, flags, spec)
+        return build_config(handler, queue, policy, flags, spec, loaded=loaded)
     if spec is not None:
         policy = policy_from_topology(spec, queue, flags.max_attempts)
         check_wiring(snapshot, policy)
         # The queue's consumer timeout (x-consumer-timeout or a policy) bounds the handler
         # timeout with a topology file too: the file does not say it, the broker does.
         timeout = consumer_timeout_s(snapshot, queue)
-        config = build_config(handler, queue, policy, flags, spec, timeout)
+        config = build_config(handler, queue, policy, flags, spec, timeout, loaded)
     else:
         policy, timeout = policy_from_snapshot(snapshot, queue, flags.max_attempts)
         check_wiring(snapshot, policy, discover_wait=True)
-        config = build_config(handler, queue, policy, flags, None, timeout)
+        config = build_config(handler, queue, policy, flags, None, timeout, loaded)
     return replace(config, warnings=(*config.warnings, *wiring_warnings(snapshot, policy)))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rmqkit.consumer.decision import QueuePolicy
-from rmqkit.consumer.loading import LoadedHandler, loaded_handler, type_label
+from rmqkit.consumer.loading import LoadedHandler, type_label
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import ConfigError
 from rmqkit.topology.expand import jitter_slot_delays
@@ -160,7 +160,7 @@ def build_config(
 ) -> ConsumerConfig:
     """Combine flags, topology and broker facts; collect warnings for the operator.
 
-    ``loaded``: the handler (default: the one this process loaded for ``handler``, if any);
+    ``loaded``: the handler ``load_handler(handler)`` returned (``rmqkit consume`` passes it);
     the fields its model marks ``rmqkit.Sensitive`` join ``encrypted_fields``.
     """
     spec = queue_spec(topology, queue) if topology is not None else None
@@ -210,7 +210,6 @@ def build_config(
     if prefetch > 2000:
         warnings.append(f"prefetch {prefetch} is above the 2,000 quorum queues allow")
     encrypted = tuple(spec.sensitive_fields) if spec is not None and spec.encrypt else ()
-    loaded = loaded or loaded_handler(handler)
     marked = loaded.sensitive[0] if loaded is not None else ()
     if topology is not None and loaded is not None:
         warnings += [

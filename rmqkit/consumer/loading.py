@@ -20,8 +20,7 @@ A body that fails that decoding or validation never reaches the handler: the out
 A model that marks fields ``rmqkit.Sensitive`` (rmqkit.crypto.model) has them listed in
 ``LoadedHandler.sensitive`` (a mark no field path can name is a ConfigError here); the consumer
 adds them to the fields it decrypts first and warns about those its topology does not encrypt
-(rmqkit.consumer.config). ``loaded_handler(spec)`` is the handler this process loaded for
-``spec``, for the configuration built after it.
+(rmqkit.consumer.config, given the LoadedHandler by ``rmqkit consume``).
 
 A second positional parameter annotated ``rmqkit.Transaction`` receives the open transaction of
 ``consume --dedupe`` (rmqkit.idempotency): ``takes_transaction`` is then set.
@@ -100,14 +99,6 @@ class LoadedHandler:
 _MESSAGE_NAMES = frozenset({"Message", "rmqkit.Message", "rmqkit.consumer.message.Message"})
 _TRANSACTION_NAMES = frozenset({"Transaction", "rmqkit.Transaction"})
 _FORM = "expected 'module:function' (e.g. 'myapp.handlers:handle')"
-# The handler this process loaded last for each spec (rmqkit consume loads it once, then builds
-# each served queue's configuration: rmqkit.consumer.config reads its marked fields here).
-_LOADED: dict[str, LoadedHandler] = {}
-
-
-def loaded_handler(spec: str) -> LoadedHandler | None:
-    """The handler ``load_handler(spec)`` returned last in this process (None: not loaded)."""
-    return _LOADED.get(spec)
 
 
 def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
@@ -173,7 +164,6 @@ def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
         takes_transaction=transaction is not None,
         sensitive=sensitive,
     )
-    _LOADED[spec] = loaded
     return loaded
 
 
@@ -356,7 +346,6 @@ __all__ = [
     "HandlerInput",
     "LoadedHandler",
     "load_handler",
-    "loaded_handler",
     "one_line",
     "type_label",
 ]
