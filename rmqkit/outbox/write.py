@@ -89,8 +89,10 @@ def headers_problem(value: object, path: str = "headers") -> str | None:
 def encode_body(body: object) -> tuple[bytes, str | None]:
     """``body`` as bytes and the content type it implies (None for bytes: the caller's call).
 
-    bytes stay as they are; str is UTF-8 text; a pydantic model is its JSON; anything else must
-    be JSON-serialisable (``TypeError`` otherwise, before anything is written).
+    bytes stay as they are; str is UTF-8 text; a pydantic model is its JSON, keyed by its
+    aliases where it has them (what ``model_validate_json`` reads, so a consumer whose handler
+    takes the same model reads it back); anything else must be JSON-serialisable (``TypeError``
+    otherwise, before anything is written).
     """
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body), None
@@ -98,7 +100,7 @@ def encode_body(body: object) -> tuple[bytes, str | None]:
         return body.encode(), TEXT
     dump = getattr(body, "model_dump_json", None)
     if callable(dump):  # a pydantic model, without importing pydantic for the check
-        return str(dump()).encode(), JSON
+        return str(dump(by_alias=True)).encode(), JSON
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(), JSON
 
 

@@ -55,6 +55,22 @@ def test_encode_body() -> None:
         encode_body(object())
 
 
+def test_a_model_with_aliases_is_written_as_it_is_read_back() -> None:
+    """Dumped by field name, an aliased model failed validation in a consumer taking the same
+    model (``model_validate_json`` reads aliases): the row must carry the aliases."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Invoice(BaseModel):
+        model_config = ConfigDict(frozen=True)
+        tax_id: str = Field(alias="taxId")
+        total: float
+
+    invoice = Invoice(taxId="123", total=2.5)
+    data, _ = encode_body(invoice)
+    assert data == b'{"taxId":"123","total":2.5}'
+    assert Invoice.model_validate_json(data) == invoice
+
+
 def test_add_on_sqlite_commits_and_rolls_back_with_the_callers_transaction(
     sqlite_path: Path,
 ) -> None:
