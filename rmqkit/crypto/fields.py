@@ -208,26 +208,32 @@ def decrypt_fields(
                 raise
             return f"[undecryptable kid={exc.kid or '?'}: {exc.reason}]"
 
-    if paths is None and first and isinstance(body, bytes | bytearray | memoryview):
-        return _decrypt_expected(body, first, decrypt)  # type: ignore[no-any-return]
+    if paths is None and first and isinstance(body, bytes):
+        # The consumer's per-message path: envelopes where the queue expects them.
+        opener = _open_strict(keyring) if strict else decrypt
+        return _decrypt_expected(body, first, opener, decrypt)  # type: ignore[no-any-return]
     return _on_body(body, paths, decrypt, need_json=False)
 
 
-def _decrypt_expected(body: bytes | bytearray | memoryview, first: Sequence[str], fn: _Fn) -> Any:
-    data = bytes(body)
+def _open_strict(keyring: KeyRing | None) -> _Fn:
+    return lambda path, envelope: open_envelope(keyring, path, envelope)
+
+
+def _decrypt_expected(data: bytes, first: Sequence[str], opener: _Fn, fn: _Fn) -> Any:
+    """``opener`` opens an envelope found at an expected path; ``fn`` is the walk's (it also
+    sees values that are not envelopes)."""
     markers = data.count(_MARKER_BYTES)
     if not markers:
-        return body
+        return data
     try:
         parsed = loads_json(data)
     except ValueError:
-        return body  # not JSON: nothing of ours in it (the consumer parks it as not JSON)
+        return data  # not JSON: nothing of ours in it (the consumer parks it as not JSON)
     # The parse is ours alone (no caller holds it), so the expected fields are replaced in
     # place: no copy-on-write of the objects on their way (this is the consumer's per-message
     # path; bench/consumer_encrypted.py measures it).
     opened = 0
-    for path in first:
-        *parents, leaf = parse_path(path)
+    for path, parents, leaf in _split(tuple(first)):
         node = parsed
         for part in parents:
             if type(node) is not dict:
@@ -237,15 +243,23 @@ def _decrypt_expected(body: bytes | bytearray | memoryview, first: Sequence[str]
             if type(node) is dict:
                 value = node.get(leaf)
                 if type(value) is dict and MARKER in value:
-                    node[leaf] = fn(path, value)
+                    node[leaf] = opener(path, value)
                     opened += 1
     # Each envelope holds the marker once (base64 and key ids cannot spell it): fewer opened
     # than markers means an envelope elsewhere, or the text in some value — walk it all, from a
     # fresh parse (the walk must not open again what a decrypted value holds: user data may
     # have a "$rmqkit_enc" key). Rare, so the second parse costs nothing that matters.
     if opened != markers:
-        return _whole(body, parsed if not opened else loads_json(data), fn)
+        return _whole(data, parsed if not opened else loads_json(data), fn)
     return compact_json(parsed)
+
+
+@lru_cache(maxsize=256)
+def _split(first: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    """Each expected path once, split into its parents and leaf (per queue, not per message)."""
+    return tuple(
+        (path, parse_path(path)[:-1], parse_path(path)[-1]) for path in dict.fromkeys(first)
+    )
 
 
 def _whole(body: Any, parsed: Any, fn: _Fn) -> Any:
