@@ -16,7 +16,8 @@ _LOW, _HIGH = 20_000, 32_000  # below Linux's default ip_local_port_range (32768
 _given: set[int] = set()
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Whether a listening socket could bind 127.0.0.1:``port`` now."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -34,7 +35,7 @@ def free_port(span: int = 1) -> int:
     for _ in range(1000):
         port = random.randrange(_LOW, _HIGH - span)
         ports = range(port, port + span)
-        if any(p in _given for p in ports) or not all(_bindable(p) for p in ports):
+        if any(p in _given for p in ports) or not all(bindable(p) for p in ports):
             continue
         _given.update(ports)
         return port

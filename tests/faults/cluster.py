@@ -54,6 +54,7 @@ import aio_pika
 import httpx
 
 from tests.consumer_harness import ROOT, ConsumerProcess
+from tests.ports import bindable
 
 HOST = socket.gethostname().split(".")[0]  # `hostname -s`
 NAMES = ("rmqa", "rmqb", "rmqc")
@@ -314,16 +315,6 @@ def _parallel(calls: list[Callable[[], None]]) -> None:
         raise errors[0]
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 class Cluster:
     """The three nodes; helpers to fault them and to talk to them (AMQP, management API)."""
 
@@ -359,7 +350,7 @@ class Cluster:
             port
             for node in self.nodes.values()
             for port in (node.port, node.port + DIST_OFFSET, node.mgmt_port)
-            if not _port_free(port)
+            if not bindable(port)
         ]
         if busy:
             raise ClusterUnavailable(f"ports in use by something else: {busy}")

@@ -27,6 +27,7 @@ import httpx
 
 from tests.faults import cluster
 from tests.faults.cluster import AUTH, DIST_OFFSET, ClusterUnavailable, Node, poll, rabbitmqctl
+from tests.ports import bindable
 
 SHORT = "rmqalarm"
 AMQP_PORT = 5691
@@ -88,7 +89,7 @@ class AlarmNode:
             ports = (AMQP_PORT, AMQP_PORT + DIST_OFFSET, self.node.mgmt_port)
 
             def busy_ports() -> list[int]:
-                return [port for port in ports if not cluster._port_free(port)]
+                return [port for port in ports if not bindable(port)]
 
             poll(lambda: not busy_ports(), 15)  # a leftover just stopped frees them in seconds
             busy = busy_ports()

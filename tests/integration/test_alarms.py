@@ -95,18 +95,27 @@ def _drain(node: AlarmNode, queue: str) -> list[tuple[str | None, bytes]]:
     return list(asyncio.run(take()))
 
 
-def _publish_cli(node: AlarmNode, queue: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _env(node: AlarmNode, **more: str) -> dict[str, str]:
+    """The environment of an rmqkit command against the alarm node."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-    env.update(RMQKIT_URL=node.url, RMQKIT_MANAGEMENT_URL=node.management_url)
+    env.update(RMQKIT_URL=node.url, RMQKIT_MANAGEMENT_URL=node.management_url, **more)
+    return env
+
+
+def _cli(node: AlarmNode, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rmqkit", "publish", "", queue, *args],
+        [sys.executable, "-m", "rmqkit", *args],
         capture_output=True,
         text=True,
-        env=env,
+        env=_env(node, **env),
         cwd=ROOT,
         timeout=60,
         check=False,
     )
+
+
+def _publish_cli(node: AlarmNode, queue: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return _cli(node, "publish", "", queue, *args)
 
 
 def test_a_blocked_publish_says_why_at_once_and_gives_up_naming_what_was_confirmed(
@@ -316,22 +325,9 @@ def test_a_consumer_the_alarm_blocks_says_so_and_parks_everything_once_it_clears
     """Its park publishes (then its acks) wait while the broker blocks the connection: the
     consumer's log says so at once, with the reason and what it holds, and when it ends; then
     every message is parked, none lost, none left in the work queue."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
-    env.update(
-        RMQKIT_URL=node.url,
-        RMQKIT_MANAGEMENT_URL=node.management_url,
-        RMQKIT_TEST_LEDGER=str(tmp_path / "ledger.db"),
-    )
+    env = _env(node, RMQKIT_TEST_LEDGER=str(tmp_path / "ledger.db"))
     topology = str(ROOT / "tests" / "topologies" / "jobs.toml")
-    declared = subprocess.run(
-        [sys.executable, "-m", "rmqkit", "declare", "-t", topology],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    declared = _cli(node, "declare", "-t", topology)
     assert declared.returncode == 0, declared.stderr
     ids = [uuid.uuid4().hex for _ in range(5)]
 
