@@ -44,8 +44,11 @@ MAY_OVERLAP = frozenset(
         "file_safety",
         "key_rotation",
         "newest_death",
+        "no_plaintext",
         "oncall",
+        "oncall_broker",  # generous waits (30-300 s), asserts on lines and exit codes
         "oncall_hints",
+        "outbox",  # asserts on rows and queue contents; its one deadline is 60 s
         "parking",
         "parking_encrypted",
         "parking_operator",
@@ -55,6 +58,8 @@ MAY_OVERLAP = frozenset(
         "quickstart",
         "replay_returns",
         "replay_routing",
+        "runbooks",  # documented commands' output; waits of 20-120 s
+        "sensitive_model",
         "session",
         "status",
         "status_flow",
