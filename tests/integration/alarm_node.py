@@ -137,9 +137,14 @@ class AlarmNode:
         (and the alarm cleared) however the block ends."""
         self.ctl("set_vm_memory_high_watermark", "0.0000001")
         try:
+            # In force before the block runs: a publish that starts before the node's memory
+            # monitor raised the alarm is not blocked (a loaded CI run got exit 0, not 69).
+            if not poll(lambda: "mem_alarm" in self.alarms(), 20):
+                raise AssertionError(f"no memory alarm on {self.name} within 20 s")
             yield
         finally:
             self.ctl("set_vm_memory_high_watermark", "0.4")
+            poll(lambda: "mem_alarm" not in self.alarms(), 20)
 
     @contextlib.contextmanager
     def disk_alarm(self) -> Iterator[None]:
