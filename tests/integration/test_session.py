@@ -164,7 +164,14 @@ def test_a_typed_session_delivers_typed_properties_and_wraps_a_bare_connection(
         try:
             bare = Session.of(conn)
             assert Session.of(bare) is bare
-            assert (await bare.queue_depth("s.typed")).ready == 1
+            # The nacked message is ready again once the broker has processed the old
+            # channel's close (a loaded 4.3 node answered ready=0, consumers=1 just before).
+            for _ in range(100):
+                depth = await bare.queue_depth("s.typed")
+                if depth.ready == 1 and depth.consumers == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert depth.ready == 1, depth
         finally:
             await conn.close()
         with pytest.raises(TypeError):
