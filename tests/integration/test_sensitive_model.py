@@ -27,22 +27,12 @@ from tests import broker
 from tests.consumer_harness import ROOT, wait_until
 from tests.flow_handlers import read_rows
 from tests.integration.test_outbox import drop_schema, pg_schema_dsn
-from tests.sensitive_handlers import Customer, Person
+from tests.sensitive_handlers import TOPOLOGY, Customer, Person
 
 pytestmark = pytest.mark.broker
 
 SENTINEL = "SENTINEL-model-4e1b"
 WORK = "people.work"
-# The topology encrypts customer.name only: tax_id is marked on the model alone.
-TOPOLOGY = """
-[exchanges.people]
-type = "direct"
-[queues."people.work"]
-bind = [{ exchange = "people", routing_key = "person" }]
-retry_delays = []
-sensitive_fields = ["customer.name"]
-encrypt = true
-"""
 
 
 def person(i: int) -> Person:

@@ -21,6 +21,7 @@ from rmqkit.consumer.loading import load_handler
 from rmqkit.crypto import decrypt_fields, generate_keyring, is_envelope, sensitive_fields
 from rmqkit.outbox import Encryptor
 from rmqkit.topology.model import parse_topology
+from tests.sensitive_handlers import TOPOLOGY
 
 S = rmqkit.Sensitive
 
@@ -219,15 +220,6 @@ def test_add_a_marked_model_with_encryptor_stores_ciphertext(tmp_path: Path) -> 
 
 
 # --- the consumer ----------------------------------------------------------------------------
-TOPOLOGY = """
-[exchanges.people]
-type = "direct"
-[queues."people.work"]
-bind = [{ exchange = "people", routing_key = "person" }]
-retry_delays = []
-sensitive_fields = ["customer.name"]
-encrypt = true
-"""
 
 
 def test_loaded_handler_lists_its_models_marks() -> None:
