@@ -115,6 +115,34 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             _let_go_of_lanes_lock()
 
 
+# Below this many open files a node holding the suite's vhosts and queues stops completing AMQP
+# handshakes (connections wait in file_handle_cache for minutes): 1024, the common soft limit, is
+# too few.
+FEW_FILES = 4096
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Say at the start, not as a handshake timeout an hour in, when the broker the integration
+    tests use may have too few open files."""
+    if not any("/integration/" in str(item.path) for item in session.items):
+        return
+    try:
+        nodes = broker.api("GET", "/nodes?columns=name,fd_total").json()
+    except Exception:  # no broker yet: the tests' own fixtures say so
+        return
+    few = [n for n in nodes if isinstance(n.get("fd_total"), int) and n["fd_total"] < FEW_FILES]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for node in few:
+        line = (
+            f"warning: broker node {node['name']} may open only {node['fd_total']} files; with many"
+            " vhosts it stops answering handshakes. Restart it with a higher limit (systemd:"
+            " LimitNOFILE=65536; otherwise `ulimit -n 65536` before rabbitmq-server)."
+        )
+        if reporter is not None:
+            reporter.write_line(line, yellow=True)
+
+
 @pytest.fixture(scope="module")
 def vhost(request: pytest.FixtureRequest) -> Iterator[str]:
     """A vhost for this test module alone (tests in other modules cannot see its objects)."""
