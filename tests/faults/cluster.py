@@ -36,7 +36,6 @@ import fcntl
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import socket
@@ -195,6 +194,7 @@ class Node:
             RABBITMQ_PID_FILE=inside(self.pid_file),
             RABBITMQ_ENABLED_PLUGINS_FILE=inside(self.dir / "enabled_plugins"),
             RABBITMQ_CONFIG_FILE=inside(self.dir / "rabbitmq.conf"),
+            RABBITMQ_CONF_ENV_FILE=inside(self.dir / "rabbitmq-env.conf"),
             RABBITMQ_SERVER_START_ARGS=(
                 f"-rabbitmq_management tcp_config [{{port,{self.mgmt_port}}}]"
             ),
@@ -206,6 +206,13 @@ class Node:
         (self.dir / "mnesia").mkdir(parents=True, exist_ok=True)
         (self.dir / "log").mkdir(parents=True, exist_ok=True)
         (self.dir / "enabled_plugins").write_text("[rabbitmq_management].\n")
+        # Sourced by rabbitmq-env as the node's user in place of the default file (which it
+        # sources first, as before), after su's PAM limits set the soft open-file limit to 1024:
+        # with that few a node holding many vhosts and queues stops completing AMQP handshakes.
+        (self.dir / "rabbitmq-env.conf").write_text(
+            "[ -f /etc/rabbitmq/rabbitmq-env.conf ] && . /etc/rabbitmq/rabbitmq-env.conf\n"
+            'ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true\n'
+        )
         (self.dir / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = {self.port}\n"
             "loopback_users.guest = true\n"
@@ -217,14 +224,6 @@ class Node:
             "management.db_cache_multiplier = 0\n"
         )
         _chown_rabbitmq(self.base)
-
-
-def most_open_files() -> None:
-    """Raise this (child) process's open-file limit to its hard limit: a node started with the
-    common soft limit of 1024 stops completing AMQP handshakes once many vhosts and queues hold
-    file handles. A ``preexec_fn`` for the nodes' ``rabbitmq-server -detached``."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _chown_rabbitmq(path: Path) -> None:
@@ -438,7 +437,6 @@ class Cluster:
         result = subprocess.run(
             in_root(["rabbitmq-server", "-detached"]),
             env=node.env(),
-            preexec_fn=most_open_files,
             capture_output=True,
             text=True,
             timeout=60,

@@ -26,15 +26,7 @@ from typing import Any
 import httpx
 
 from tests.faults import cluster
-from tests.faults.cluster import (
-    AUTH,
-    DIST_OFFSET,
-    ClusterUnavailable,
-    Node,
-    most_open_files,
-    poll,
-    rabbitmqctl,
-)
+from tests.faults.cluster import AUTH, DIST_OFFSET, ClusterUnavailable, Node, poll, rabbitmqctl
 from tests.ports import bindable
 
 SHORT = "rmqalarm"
@@ -108,7 +100,6 @@ class AlarmNode:
             result = subprocess.run(
                 ["rabbitmq-server", "-detached"],
                 env=self.node.env(),
-                preexec_fn=most_open_files,
                 capture_output=True,
                 text=True,
                 timeout=60,
