@@ -117,6 +117,11 @@ ALL_HEADERS: Final = frozenset(
 )
 """Every fixed header name above (the delay ladder's per-bit headers share DELAY_BIT_PREFIX)."""
 
+COUNT_MAX: Final = 2**63 - 1
+"""The largest count an integer header holds (AMQP's signed 64-bit ``l``): counts read from a
+delivery (``rmqkit-attempt``, x-death ``count``, ``x-delivery-count``) are capped to it, so the
+copy that carries them can always be written."""
+
 ERROR_MESSAGE_MAX_CHARS: Final = 1000
 # The whole header table travels in one content-header frame (frame_max, 128 KiB by default), so
 # what we add must stay small whatever the handler raised.
@@ -146,6 +151,11 @@ class ParkingReason(StrEnum):
     consumer without the key ring, a malformed envelope): parked at once, never retried and
     never handed to the handler; the error message names the field, key id and cause
     (docs/encryption.md). The parked copy keeps the ciphertext as received."""
+    INTERNAL_ERROR = "internal_error"
+    """rmqkit itself failed on this delivery (decoding its headers, counting its attempts,
+    building or encoding its retry copy, ...): parked at once with the error type, message and
+    traceback, so one such message never stops the consumer. Report it as a bug; replay the
+    message once fixed."""
 
 
 # Headers the broker owns. Stripped from every copy rmqkit publishes: a client-set x-death is kept

@@ -152,7 +152,10 @@ def attempts_made(
     returned_from_waiting = sum(
         history.count(queue=wait, reason=DeathReason.EXPIRED) for wait in set(wait_queues)
     )
-    return max(recorded_attempts(headers) + rejected_since_republish, returned_from_waiting)
+    made = max(recorded_attempts(headers) + rejected_since_republish, returned_from_waiting)
+    # Capped so that the number of the next delivery still fits the header it is written to
+    # (a count of 2**63-1 set by hand or by another client must not make the copy unwritable).
+    return min(made, h.COUNT_MAX - 1)
 
 
 def attempt_number(
@@ -177,7 +180,7 @@ def delivery_count(headers: Mapping[str, Any] | None, redelivered: bool = False)
     count = _non_negative_int((headers or {}).get("x-delivery-count"))
     if count is None:
         return 2 if redelivered else 1
-    return count + 1
+    return min(count, h.COUNT_MAX - 1) + 1
 
 
 def delivery_limit_hit(headers: Mapping[str, Any] | None) -> bool:
@@ -243,16 +246,17 @@ def _text(value: object) -> str | None:
 
 
 def _non_negative_int(value: object) -> int | None:
+    """A count as an int in [0, COUNT_MAX]; None when ``value`` is not one."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return max(value, 0)
+        return min(max(int(value), 0), h.COUNT_MAX)
     if isinstance(value, float):
-        return max(int(value), 0) if math.isfinite(value) else None
+        return min(max(int(value), 0), h.COUNT_MAX) if math.isfinite(value) else None
     text = _text(value)
-    if text is not None:
+    if text is not None and len(text) <= 40:  # int() of a huge digit string is slow or refused
         try:
-            return max(int(text.strip()), 0)
+            return min(max(int(text.strip()), 0), h.COUNT_MAX)
         except ValueError:
             return None
     return None

@@ -16,6 +16,10 @@ line carry the error's type and message only; the parked copy stores the last tr
 puts one traceback in the log, and one that fails once and then succeeds still has its cause
 there.
 
+A copy that cannot be published while the channel stays open (it cannot be encoded, say)
+raises ``CopyNotPublished``: the original would otherwise stay unsettled on an open channel,
+which the broker never redelivers. The dispatcher then parks it as an internal error.
+
 Failure path only: nothing here runs for a delivery whose handler succeeded.
 """
 
@@ -35,6 +39,16 @@ from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import RefusedCopies
 
 log = logging.getLogger("rmqkit.consumer")
+
+
+class CopyNotPublished(Exception):
+    """A copy could not be published while the delivery's channel stays open: its original is
+    not settled, and nothing would ever bring it back unless the caller settles it."""
+
+    def __init__(self, target: str, cause: BaseException) -> None:
+        super().__init__(f"copy to {target} not published: {type(cause).__name__}: {cause}")
+        self.target = target
+        self.cause = cause
 
 
 class CopySender:
@@ -76,21 +90,32 @@ class CopySender:
             copy.expiration = str(decision.expiration_ms)
         extra = {"message_id": props.message_id, "attempt": attempt, "delivered": deliveries}
         target = decision.target_queue
+        if channel is None or not channel.owns(delivered) or channel.is_closed:
+            # Its channel is gone: the broker has put the original back already.
+            log.warning(
+                "copy to %s not sent (the delivery's channel is closed); the message will be "
+                "redelivered",
+                target,
+                extra=extra,
+            )
+            return
         try:
-            if channel is None or not channel.owns(delivered):
-                raise ConnectionError("the delivery's channel was replaced")
             settled = await channel.publisher.publish(
                 delivered.body, exchange="", routing_key=target, properties=copy
             )
             outcome = await settled
-        except Exception as exc:  # channel gone: the original comes back by itself
-            log.warning(
-                "copy to %s not confirmed (%s); the message will be redelivered",
-                target,
-                exc,
-                extra=extra,
-            )
-            return
+        except Exception as exc:
+            if channel.is_closed:  # the channel went away meanwhile: the original comes back
+                log.warning(
+                    "copy to %s not confirmed (%s); the message will be redelivered",
+                    target,
+                    exc,
+                    extra=extra,
+                )
+                return
+            # The channel is open, so the broker will not redeliver the original by itself (a
+            # copy that cannot be encoded, a publisher that stopped): the caller must settle it.
+            raise CopyNotPublished(target, exc) from exc
         if outcome is Outcome.CONFIRMED:
             self._finished(tracker, tag)
             self._refusals.confirmed(target)
@@ -130,9 +155,11 @@ class CopySender:
         if tracker.alive and not channel.is_closed:
             try:
                 await channel.reject(tag, requeue=True)
-                tracker.settled_elsewhere(tag)
             except Exception:
-                pass  # the channel went away meanwhile: the broker requeues it
+                if not channel.is_closed:
+                    raise  # the caller settles it (the original would stay in hand)
+                return  # the channel went away meanwhile: the broker requeues it
+            tracker.settled_elsewhere(tag)
 
 
 def _failure(headers: Mapping[str, Any]) -> tuple[str, str]:

@@ -236,6 +236,38 @@ def decide(
     return context.retry(slots[max(slot, 0)], tier, policy.retry_delays_ms[tier], error)
 
 
+def internal_error_park(
+    error_type: str,
+    message: str,
+    traceback: str,
+    headers: Mapping[str, Any] | None,
+    policy: QueuePolicy,
+    *,
+    exchange: str,
+    routing_key: str,
+    now: datetime,
+    host: str,
+    pid: int,
+    delivered: int = 1,
+) -> Park:
+    """Park a delivery rmqkit itself failed on (``ParkingReason.INTERNAL_ERROR``).
+
+    ``headers``: the delivery's, kept on the copy as any park keeps them; pass None when they
+    are what failed (a copy that could not be encoded): the copy then carries rmqkit's headers
+    only. Never raises on what the headers hold: a header that cannot be read is left out.
+    """
+    error = _Error(error_type, message, traceback)
+    try:
+        attempt = attempt_number(headers, policy.queue, wait_queues=policy.all_wait_queues)
+        context = _CopyContext(
+            headers, policy, exchange, routing_key, now, host, pid, attempt, delivered
+        )
+        return context.park(h.ParkingReason.INTERNAL_ERROR, error)
+    except Exception:
+        context = _CopyContext(None, policy, exchange, routing_key, now, host, pid, 1, delivered)
+        return context.park(h.ParkingReason.INTERNAL_ERROR, error)
+
+
 def _full_jitter_slot(
     policy: QueuePolicy, tier: int, rand: Callable[[], float]
 ) -> tuple[int, int | None]:
@@ -316,7 +348,7 @@ class _CopyContext:
         copy[h.ERROR_MESSAGE] = h.truncate_message(error.message)
         copy[h.HOST] = self.host
         copy[h.PID] = self.pid
-        copy[h.DELIVERED] = self.delivered
+        copy[h.DELIVERED] = min(self.delivered, h.COUNT_MAX)
         return copy
 
     def _first_death_here(self) -> DeathEvent | None:
@@ -393,5 +425,6 @@ __all__ = [
     "Undecodable",
     "Undecryptable",
     "decide",
+    "internal_error_park",
     "qualified_type_name",
 ]

@@ -19,15 +19,17 @@ import contextlib
 import logging
 import os
 import socket
+import traceback as traceback_module
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import Any
 
+from rmqkit import headers as h
 from rmqkit.broker.codec import Timestamp
 from rmqkit.broker.session import Channel, Delivery
-from rmqkit.consumer.acks import AckTracker
+from rmqkit.consumer.acks import AckTracker, flush_acks
 from rmqkit.consumer.attempts import attempt_number, delivery_count
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.conflation import Conflation, key_of
@@ -42,6 +44,8 @@ from rmqkit.consumer.decision import (
     Undecodable,
     Undecryptable,
     decide,
+    internal_error_park,
+    qualified_type_name,
 )
 from rmqkit.consumer.dedupe import DedupeStep
 from rmqkit.consumer.handler import LoadedHandler, run_handler
@@ -52,13 +56,16 @@ from rmqkit.consumer.refusals import RefusedCopies
 from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.crypto import KeyRing, decrypt_fields
 from rmqkit.crypto import Undecryptable as UndecryptableField
-from rmqkit.crypto.masking import mask_values, opened_values
+from rmqkit.crypto.masking import withhold_error
 from rmqkit.delay import delivered_route
 from rmqkit.headers import ATTEMPT
 
 log = logging.getLogger("rmqkit.consumer")
 DELIVERY_COUNT = "x-delivery-count"
 HOST = socket.gethostname()
+# How far past the handler timeout a delivery may stay undecided before the watchdog names it
+# (a timed-out handler's retry copy is confirmed within milliseconds).
+WATCHDOG_MARGIN_S = 1.0
 
 
 def _as_datetime(value: object) -> datetime | None:
@@ -67,23 +74,24 @@ def _as_datetime(value: object) -> datetime | None:
     return value if isinstance(value, datetime) else None
 
 
-def _masked(outcome: Failed | Undecodable, values: tuple[str, ...]) -> Failed | Undecodable:
-    """``outcome`` with ``values`` masked in its message and traceback (formatted now: the
-    exception object itself would still quote them)."""
-    if not values:
-        return outcome
+def _masked(outcome: Failed | Undecodable, keyring: KeyRing | None) -> Failed | Undecodable:
+    """``outcome`` with its error text withheld (rmqkit.crypto.masking.withhold_error): the
+    handler was given decrypted values, and no masking of them in free text can be exact."""
     if isinstance(outcome, Undecodable):
-        return replace(
-            outcome,
-            detail=mask_values(outcome.detail, values),
-            traceback=mask_values(outcome.traceback, values),
-        )
-    return replace(
-        outcome,
-        exc_message=mask_values(outcome.exc_message, values),
-        traceback=mask_values(outcome.traceback_text(), values),
-        exception=None,
+        detail, text = withhold_error(keyring, outcome.exc_type, outcome.detail, outcome.traceback)
+        return replace(outcome, detail=detail, traceback=text)
+    message, text = withhold_error(
+        keyring, outcome.exc_type, outcome.exc_message, outcome.traceback, outcome.exception
     )
+    return replace(outcome, exc_message=message, traceback=text, exception=None)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception on one line (for a log line or a header)."""
+    # (Restored by helper D: an edit of _masked above removed C1's definition by mistake.)
+    text = " ".join(str(exc).split())
+    name = qualified_type_name(type(exc))
+    return f"{name}: {text[:500]}" if text else name
 
 
 def _traceback_of(outcome: object) -> Callable[[], str] | None:
@@ -135,6 +143,11 @@ class Dispatcher:
         # delivery starts its handler at once: no semaphore on the hot path.
         self.prefetch = min(config.prefetch, config.concurrency or config.prefetch)
         self._flush_threshold = max(1, self.prefetch // 4)
+        # The watchdog: a delivery in hand this long with nothing decided for it is named.
+        timeout_s = config.handler_timeout_s or config.consumer_timeout_s / 2
+        self._watch_after_s = timeout_s + WATCHDOG_MARGIN_S
+        self._watch_every_s = max(1.0, min(self._watch_after_s / 4, 30.0))
+        self._watch: asyncio.TimerHandle | None = None
         self._pid = os.getpid()
         self.processed = 0  # deliveries settled in this process (for tests and logs)
         # Set when stuck sync handlers hold the handler threads: the worker exits to be
@@ -169,12 +182,19 @@ class Dispatcher:
     async def _on_delivery(self, delivered: Delivery) -> None:
         tracker = self._tracker
         tag: int = delivered.delivery.delivery_tag
-        tracker.received(tag)
+        tracker.received(tag, delivered.header.properties.message_id)
+        if self._watch is None:
+            self._watch = self._arm_watchdog()
         self._in_flight += 1
         self.metrics.received()
         self.metrics.in_flight_inc()
         try:
             await self._handle(delivered, tracker, tag)
+        except Exception as exc:
+            # Whatever failed on the way (headers, attempts, decryption, the copy), the
+            # delivery must still end acked, retried or parked: an unsettled tag on an open
+            # channel is never redelivered and, at the head of the window, stops every ack.
+            await self._settle_failure(delivered, tracker, tag, exc)
         finally:
             self._in_flight -= 1
             self.metrics.in_flight_dec()
@@ -219,7 +239,7 @@ class Dispatcher:
                 if body is not sealed and isinstance(outcome, Failed | Undecodable):
                     # The error's text is stored with the parked copy and logged: never the
                     # values decrypted for the handler (a handler quoting one in its error).
-                    outcome = _masked(outcome, opened_values(sealed, body))
+                    outcome = _masked(outcome, self.keyring)
         await self._settle(delivered, tracker, tag, outcome, headers, attempt, deliveries)
 
     async def _handle_message(
@@ -365,6 +385,100 @@ class Dispatcher:
             self.config.handler_timeout_s or 0,
         )
         self.stop()
+
+    async def _settle_failure(
+        self, delivered: Delivery, tracker: AckTracker, tag: int, exc: Exception
+    ) -> None:
+        """Park a delivery that rmqkit failed on (reason internal_error, with the traceback);
+        if even that copy cannot be published, close the channel so the broker redelivers it
+        (its delivery limit parks it in the end)."""
+        props = delivered.header.properties
+        extra = {"message_id": props.message_id, "delivery_tag": tag, "queue": self.config.queue}
+        log.error(
+            "internal error on a delivery (%s); parking it as internal_error",
+            _describe(exc),
+            exc_info=exc,
+            extra=extra,
+        )
+        if not tracker.is_open(tag):
+            return  # decided already (the error came after): nothing left to settle
+        trace = h.truncate_traceback("".join(traceback_module.format_exception(exc)))
+        deliver = delivered.delivery
+        headers = props.headers
+        for keep_headers in (True, False):  # the second time without the delivery's headers
+            try:
+                decision = internal_error_park(
+                    qualified_type_name(type(exc)),
+                    _describe(exc),
+                    trace,
+                    headers if keep_headers else None,
+                    self.config.policy,
+                    exchange=deliver.exchange or "",
+                    routing_key=deliver.routing_key or "",
+                    now=datetime.now(UTC),
+                    host=HOST,
+                    pid=self._pid,
+                )
+                await self._copies.send(self._channel, delivered, decision, tracker, tag, 1, None)
+                return
+            except Exception as again:
+                exc = again
+        channel = self._channel
+        log.error(
+            "delivery %d (message_id %s) cannot be settled (%s); closing the channel so the "
+            "broker redelivers it",
+            tag,
+            props.message_id,
+            _describe(exc),
+            extra=extra,
+        )
+        if channel is not None and channel.owns(delivered):
+            tracker.alive = False  # its tags die with it: no ack may go out on it any more
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    # --- the watchdog: deliveries unsettled for too long --------------------------------------
+    def _arm_watchdog(self) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(self._watch_every_s, self._watchdog)
+
+    def _watchdog(self) -> None:
+        """Name each delivery in hand past the handler timeout with nothing decided for it
+        (once per delivery): a hole in the settling would otherwise show only as a stall."""
+        self._watch = None
+        tracker = self._tracker
+        now = monotonic()
+        for tag, since, message_id in tracker.unsettled_since(now - self._watch_after_s):
+            if tag in tracker.named:
+                continue
+            tracker.named.add(tag)
+            log.warning(
+                "delivery %d (message_id %s) from %s unsettled for %.0fs, past the handler "
+                "timeout: nothing acked, retried or parked it yet",
+                tag,
+                message_id,
+                self.config.queue,
+                now - since,
+                extra={
+                    "message_id": message_id,
+                    "delivery_tag": tag,
+                    "queue": self.config.queue,
+                    "age_s": round(now - since, 1),
+                },
+            )
+        tracker.named.intersection_update(tag for tag, _, _ in tracker.unsettled_since(now))
+        if tracker.outstanding and not self._stopping:
+            self._watch = self._arm_watchdog()
+
+    async def _flush(
+        self, channel: Channel, tracker: AckTracker, *, everything: bool = False
+    ) -> None:
+        """Ack what is finished: the finished prefix in one ``multiple`` ack, the finished tags
+        past an unfinished one alone (``everything``: all of them now, e.g. at shutdown)."""
+        count = await flush_acks(channel, tracker, everything=everything)
+        if count:
+            self.metrics.acked(count)
+        if tracker.pending_acks and tracker.alive:
+            self._flush_wanted.set()  # finished past a slow one: acked alone at the next flush
 
     def _finished(self, tracker: AckTracker, tag: int) -> None:
         tracker.finished(tag)

@@ -34,9 +34,14 @@ SETTLING = {
 # (module, the line as written) -> why it is safe; the test that proves it.
 AUDITED: dict[tuple[str, str], str] = {
     # --- consumer -----------------------------------------------------------------------------
-    ("consumer/runner.py", "await channel.ack(tag, multiple=True)"): (
-        "acks the finished prefix only (AckTracker.take_ack); a tag is finished after its handler "
-        "succeeded or its copy was confirmed — test_consume.py mixed outcomes, test_acks_and_config"
+    ("consumer/acks.py", "await channel.ack(last, multiple=True)"): (
+        "acks the finished prefix only (AckTracker.take_acks); a tag is finished after its "
+        "handler succeeded or its copy was confirmed — test_consume.py mixed outcomes, "
+        "test_acks_and_config"
+    ),
+    ("consumer/acks.py", "await asyncio.gather(*[channel.ack(tag) for tag in alone])"): (
+        "acks, one by one, finished tags past an unfinished one (AckTracker.take_acks), never "
+        "the unfinished one — test_settle.py slow message, test_acks_and_config"
     ),
     ("consumer/dispatch.py", "self._finished(tracker, tag)"): (
         "after Success or an Ack decision: nothing to write elsewhere (the effect is the "

@@ -82,6 +82,88 @@ def test_never_acks_past_an_unfinished_tag(order: list[int]) -> None:
     assert acked_up_to == 59
 
 
+def test_a_slow_head_holds_its_own_tag_only() -> None:
+    """Finished tags past an unfinished one are acked alone one take later (the prefix may
+    reach them meanwhile); the slow one is never acked, and the multiple ack that finally
+    covers it never names a tag already acked alone."""
+    tracker = AckTracker()
+    for tag in range(1, 6):
+        tracker.received(tag)
+    for tag in (2, 3):
+        tracker.finished(tag)
+    assert tracker.take_acks() == (None, [])  # 2 and 3 may yet be covered by the prefix
+    tracker.finished(4)
+    assert tracker.take_acks() == (None, [2, 3])  # still behind 1: alone now
+    assert tracker.pending_acks == 1 and tracker.outstanding == 3  # 1 running, 4 waiting, 5
+    assert tracker.take_acks() == (None, [4])
+    tracker.finished(1)
+    tracker.finished(5)
+    assert tracker.take_acks() == (5, [])  # multiple up to 5 covers 1 (2-4 are acked)
+    assert tracker.outstanding == 0 and tracker.pending_acks == 0
+
+
+def test_everything_acks_every_finished_tag_now() -> None:
+    tracker = AckTracker()
+    for tag in range(1, 5):
+        tracker.received(tag)
+    tracker.finished(3)
+    tracker.finished(4)
+    assert tracker.take_acks(everything=True) == (None, [3, 4])
+    assert tracker.outstanding == 2 and tracker.is_open(1) and not tracker.is_open(3)
+
+
+def test_a_tag_is_finished_once() -> None:
+    tracker = AckTracker()
+    tracker.received(1)
+    tracker.finished(1)
+    tracker.finished(1)  # e.g. a late error after its success: no second ack
+    assert tracker.pending_acks == 1
+    assert tracker.take_acks() == (1, [])
+    tracker.finished(1)
+    assert tracker.take_acks() == (None, []) and tracker.pending_acks == 0
+
+
+@given(
+    st.permutations(list(range(1, 41))),
+    st.lists(st.booleans(), min_size=40, max_size=40),
+    st.lists(st.booleans(), min_size=40, max_size=40),
+)
+def test_acks_are_never_for_an_unsettled_or_settled_tag(
+    order: list[int], nacks: list[bool], takes: list[bool]
+) -> None:
+    """Against a model of the broker's unacked set: every ack names a tag it holds (else it
+    closes the channel), no unfinished tag is ever acked, and in the end all are settled."""
+    tracker = AckTracker()
+    held = set(range(1, 41))  # the broker's unacked deliveries
+    finished: set[int] = set()
+    for tag in range(1, 41):
+        tracker.received(tag)
+
+    def take(everything: bool = False) -> None:
+        last, alone = tracker.take_acks(everything=everything)
+        if last is not None:
+            assert last in held
+            covered = {t for t in held if t <= last}
+            assert covered <= finished, "a multiple ack covered an unfinished tag"
+            held.difference_update(covered)
+        for tag in alone:
+            assert tag in held and tag in finished
+            held.discard(tag)
+
+    for step, tag in enumerate(order):
+        if nacks[step]:
+            tracker.settled_elsewhere(tag)
+            held.discard(tag)
+        else:
+            tracker.finished(tag)
+        finished.add(tag)
+        if takes[step]:
+            take()
+    take()
+    take()
+    assert held == set() and tracker.outstanding == 0
+
+
 def test_backoff_grows_with_jitter_and_caps() -> None:
     random.seed(1)
     backoff = Backoff(base_s=0.5, cap_s=4.0)
