@@ -247,7 +247,7 @@ class Consumer(Dispatcher):
                 "will be redelivered",
                 self._in_flight,
             )
-        await self._flush(channel, tracker)
+        await self._flush(channel, tracker, everything=True)
         await channel.close()
 
     # --- acks --------------------------------------------------------------------------------
@@ -282,15 +282,4 @@ class Consumer(Dispatcher):
         await channel.cancel(old_tag)
         log.info("left cautious mode: prefetch %d", self.prefetch)
 
-    async def _flush(self, channel: Channel, tracker: AckTracker) -> None:
-        before = tracker.outstanding
-        tag = tracker.take_ack()
-        if tag is None or not tracker.alive:
-            return
-        count = before - tracker.outstanding  # now: deliveries during the await would add
-        try:
-            await channel.ack(tag, multiple=True)
-        except Exception:
-            tracker.alive = False  # tags die with the channel; those messages come back
-            return
-        self.metrics.acked(count)
+    # _flush (what is finished goes out as acks) is the Dispatcher's.
