@@ -19,6 +19,8 @@ Series (all prefixed ``rmqkit_consumer_``):
 ``reconnects_total``   counter    connections re-established after a loss
 ``connected``          gauge      1 while the AMQP connection is open
 ``consuming``          gauge      1 while the consumer is registered on the queue
+``queues_waiting``     gauge      served queues whose consumer waits: a queue it needs was
+                                  deleted (or declared again with other arguments)
 ``stuck_handlers``     gauge      sync handler calls still running past their timeout (their
                                   threads cannot be stopped)
 ``handler_threads_``   counter    times stuck calls held all the spare handler threads and the
@@ -131,6 +133,9 @@ class ConsumerMetrics:
         # its own connection): ready only when every one of them is connected and consuming.
         self._connected: dict[str, bool] = {}
         self._consuming: dict[str, bool] = {}
+        # Per queue served: why its consumer waits instead of consuming (a queue it needs was
+        # deleted, or declared again with other arguments); /readyz says so first.
+        self._waiting: dict[str, str] = {}
         self.last_heartbeat = time.monotonic()
 
         self.registry = CollectorRegistry(auto_describe=True)
@@ -193,6 +198,13 @@ class ConsumerMetrics:
         names = [queue for queue, up in states.items() if not up and queue]
         return f" ({', '.join(names)})" if names and len(states) > 1 else ""
 
+    def set_waiting(self, queue: str, reason: str | None) -> None:
+        """The consumer of ``queue`` waits (``reason``: what for) or no longer does (None)."""
+        if reason is None:
+            self._waiting.pop(queue, None)
+        else:
+            self._waiting[queue] = reason
+
     def set_stuck_handlers(self, stuck: int) -> None:
         """Sync handler calls still running past their timeout."""
         self._stuck_handlers = stuck
@@ -238,6 +250,8 @@ class ConsumerMetrics:
                 f"handler threads exhausted by {self._stuck_handlers} stuck handler call(s); "
                 "the worker is being recycled"
             )
+        if self._waiting:
+            return "; ".join(self._waiting[q] for q in sorted(self._waiting))
         if not self.connected:
             return "not connected to the broker" + self._not(self._connected)
         if not self.consuming:
@@ -310,6 +324,11 @@ class _Collector(Collector):
         yield gauge("connected", "1 while the AMQP connection is open.", int(m.connected))
         yield gauge(
             "consuming", "1 while the consumer is registered on the work queue.", int(m.consuming)
+        )
+        yield gauge(
+            "queues_waiting",
+            "Served queues not consumed because a queue they need is missing or changed.",
+            len(m._waiting),
         )
         yield gauge(
             "stuck_handlers",

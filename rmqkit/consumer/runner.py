@@ -12,6 +12,15 @@ A basic.cancel from the broker (4.3: the queue's consumer timeout; any version: 
 deleted) is treated like a lost channel: logged, ``consuming`` false (``/readyz`` fails), and the
 connection is reopened with backoff; acks of handlers still running on the old channel are
 dropped and those messages come back.
+
+A queue this consumer needs (its own, its wait queues, its parking queue) that is missing when it
+connects is fatal (ConfigError, 78) only at the first start of the consumer: the operator sees at
+once that the topology is not declared. Once it has consumed (and in a worker the supervisor
+restarted), a missing queue was deleted under it: this consumer *waits* — logs what is missing,
+``/readyz`` names it, re-checks with backoff (passively: the topology owns the queue, so it is
+never declared here) — and consumes again when the queue is back, while the worker's other
+consumers (lanes, partitions) go on. A queue declared again with other arguments than when the
+consumer started (read through the management API) is not consumed either, and said so.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import contextlib
 import logging
 from time import monotonic
 
+from rmqkit.broker.management import management
 from rmqkit.broker.session import CONNECTION_ERRORS, Channel, Session, open_session
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.config import ConsumerConfig
@@ -28,6 +38,7 @@ from rmqkit.consumer.dispatch import Dispatcher
 from rmqkit.consumer.handler import LoadedHandler
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import Backoff
+from rmqkit.consumer.wiring import QueueIdentity, identity_changes, queue_identity
 from rmqkit.crypto import KeyRing
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
 from rmqkit.settings import Settings
@@ -40,6 +51,11 @@ BLOCKED_EVERY_S = 30.0  # how often a blocked consumer repeats that it is (the f
 # each crash (restart backoff 0.2 s, 0.4 s, …); every worker must still be cautious then, or it
 # receives the poison with a full window and spends its neighbours' delivery attempts.
 CAUTIOUS_MIN_S = 15.0
+# A queue deleted under the consumer: re-checked after 0.5-1 s, then doubling up to this (passive
+# declares on the consumer's own connection: cheap, but not in a tight loop for hours).
+RECHECK_CAP_S = 10.0
+STILL_WAITING_EVERY_S = 60.0  # how often the log repeats that a queue is still missing
+IDENTITY_TIMEOUT_S = 5.0  # reading a queue's declaration through the management API
 
 
 class ConsumerCancelled(ConnectionError):
@@ -61,9 +77,18 @@ class Consumer(Dispatcher):
         *,
         cautious: bool = False,
         keyring: KeyRing | None = None,
+        missing_is_fatal: bool = True,
     ) -> None:
         super().__init__(config, handler, metrics, keyring)
         self.settings = settings
+        # Until the first consume: a missing queue means the topology was never declared (78).
+        # After it (or in a worker restarted by the supervisor): the queue was deleted under a
+        # running consumer, which waits for it instead of stopping every queue it serves.
+        self._missing_is_fatal = missing_is_fatal
+        # What the consumed queue was declared as when first consumed (management API; None
+        # until read, or if it could not be): a queue declared again otherwise is not consumed.
+        self._identity: QueueIdentity | None = None
+        self._identity_task: asyncio.Task[None] | None = None
         # After a crash: prefetch 1 until CAUTIOUS_SETTLED messages have been settled, so a
         # message that kills the process spends only its own delivery attempts.
         self._cautious = cautious
@@ -144,8 +169,9 @@ class Consumer(Dispatcher):
 
     # --- one connection ----------------------------------------------------------------------
     async def _consume(self, conn: Session) -> None:
+        if not await self._wait_until_consumable(conn):
+            return  # stopped while waiting for a queue
         channel = self._channel = await conn.channel(confirms=True)
-        await self._check_targets(conn)
         await channel.qos(1 if self._cautious else self.prefetch)
         tracker = AckTracker()
         self._tracker = tracker
@@ -161,6 +187,9 @@ class Consumer(Dispatcher):
 
         channel.add_cancel_listener(on_cancel)
         self._consumer_tag = await channel.consume(self.config.queue, self._on_delivery)
+        self._missing_is_fatal = False
+        if self._identity is None and (self._identity_task is None or self._identity_task.done()):
+            self._identity_task = asyncio.create_task(self._remember_identity())
         self.metrics.set_connected(True, self.config.queue)
         self.metrics.set_consuming(True, self.config.queue)
         log.info(
@@ -212,9 +241,52 @@ class Consumer(Dispatcher):
             flusher.cancel()
             await channel.publisher.close()
 
-    async def _check_targets(self, conn: Session) -> None:
-        """Fail fast if the wait or parking queues are missing: copies would be returned."""
-        for name in (self.config.queue, self.config.policy.parking_queue, *self._wait_queues):
+    async def _wait_until_consumable(self, conn: Session) -> bool:
+        """Whether to consume now (False: stopped while waiting). Raises ConfigError if a queue
+        is missing at the first start; later waits, re-checking with backoff, until every queue
+        this consumer needs exists (and its own is declared as it was)."""
+        queue = self.config.queue
+        self.metrics.set_connected(True, queue)
+        problem = await self._problem(conn)
+        if problem is None:
+            self.metrics.set_waiting(queue, None)
+            return True
+        if self._missing_is_fatal:
+            raise ConfigError(
+                f"{problem} — run `rmqkit declare` for the topology first (retries and parking "
+                "need their queues)"
+            )
+        backoff = Backoff(base_s=1.0, cap_s=RECHECK_CAP_S)
+        logged_at = 0.0
+        logged = ""
+        while True:
+            self.metrics.set_consuming(False, queue)
+            self.metrics.set_waiting(queue, problem)
+            if problem != logged or monotonic() - logged_at >= STILL_WAITING_EVERY_S:
+                # ERROR: messages published to a missing queue are unroutable (lost unless the
+                # publisher uses mandatory); someone must declare it again.
+                log.error(
+                    "%s; re-checking every %gs at most (other queues this consumer serves are "
+                    "consumed on)",
+                    problem,
+                    RECHECK_CAP_S,
+                )
+                logged, logged_at = problem, monotonic()
+            await self._sleep_unless_stopped(backoff.next_delay())
+            if self._stopping:
+                return False
+            problem = await self._problem(conn)
+            if problem is None:
+                self.metrics.set_waiting(queue, None)
+                log.info("the queues of %s are back: consuming it again", queue)
+                return True
+
+    async def _problem(self, conn: Session) -> str | None:
+        """Why this consumer cannot consume now (a queue it needs is missing, or its own was
+        declared again with other arguments), or None."""
+        queue = self.config.queue
+        missing = []
+        for name in (queue, self.config.policy.parking_queue, *self._wait_queues):
             try:
                 exists = await conn.queue_exists(name)
             except RmqkitError as exc:
@@ -222,10 +294,46 @@ class Consumer(Dispatcher):
                 # reconnect, as for any other failure on this connection.
                 raise ConnectionError(str(exc)) from exc
             if not exists:
-                raise ConfigError(
-                    f"queue {name!r} does not exist — run `rmqkit declare` for the topology "
-                    "first (retries and parking need their queues)"
-                )
+                missing.append(name)
+        if missing == [queue]:
+            return f"queue {queue!r} does not exist (deleted?): not consuming it until it is back"
+        if missing:
+            names = ", ".join(repr(n) for n in missing)
+            which = "queue" if len(missing) == 1 else "queues"
+            verb = "does" if len(missing) == 1 else "do"
+            return f"{which} {names} {verb} not exist (deleted?): not consuming {queue!r}"
+        if self._identity is None:
+            return None
+        now = await self._read_identity()
+        if now is None:
+            log.warning(
+                "could not read how queue %r is declared now (management API); consuming it "
+                "without checking that it is declared as when this consumer started",
+                queue,
+            )
+            return None
+        changes = identity_changes(self._identity, now)
+        if not changes:
+            return None
+        return (
+            f"queue {queue!r} is declared with other settings than when this consumer started "
+            f"({'; '.join(changes)}): not consuming it — declare it as the topology says "
+            "(delete it, then `rmqkit declare`), or restart the consumer to accept it"
+        )
+
+    async def _read_identity(self) -> QueueIdentity | None:
+        """What the management API says the consumed queue is declared as (None: unknown)."""
+        try:
+            async with asyncio.timeout(IDENTITY_TIMEOUT_S):
+                async with management(self.settings) as api:
+                    view = await api.queue(self.config.queue)
+        except (RmqkitError, TimeoutError, OSError) as exc:
+            log.debug("reading queue %r through the management API: %s", self.config.queue, exc)
+            return None
+        return None if view is None else queue_identity(view)
+
+    async def _remember_identity(self) -> None:
+        self._identity = await self._read_identity()
 
     async def _drain(self, channel: Channel, consumer_tag: str, tracker: AckTracker) -> None:
         """Graceful stop: cancel the consumer, let in-flight handlers finish, ack, close."""

@@ -7,11 +7,20 @@ and, on a second signal, SIGKILL (the broker requeues whatever was unacked).
 A worker that died abnormally is restarted in *cautious* mode: prefetch 1 until it has settled
 a few messages. A message that kills its process then costs only its own delivery attempts,
 not those of the whole prefetch window, until the broker's delivery limit parks it.
+
+Workers do not outlive the supervisor: each holds the read end of a pipe (the *lifeline*) whose
+only write end the supervisor holds and never writes to. When the supervisor dies, by any
+signal (kill -9 of it alone or of its process group included), the kernel closes its end, the
+workers see end-of-file and stop as on SIGTERM: no new deliveries, in-flight ones finished and
+settled within the grace, then exit. Why a pipe: ``prctl(PR_SET_PDEATHSIG)`` fires when the
+parent *thread* that forked the child exits (not the process), is Linux-only and needs ctypes;
+polling ``os.getppid()`` notices only at the next poll and costs a timer per worker forever.
+The pipe's end-of-file is immediate, event-driven (one reader on the worker's loop), and exact:
+only the supervisor's death (or its exit) closes the last write end.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import multiprocessing
@@ -19,6 +28,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
@@ -46,12 +56,21 @@ class _Slot:
     restart_at: float = 0.0
 
 
-def worker_main(settings: Settings, config: ConsumerConfig, index: int, cautious: bool) -> None:
-    """Entry point of one worker process."""
+def worker_main(
+    settings: Settings,
+    config: ConsumerConfig,
+    index: int,
+    cautious: bool,
+    lifeline: Connection | None = None,
+) -> None:
+    """Entry point of one worker process; ``lifeline``: the read end of the supervisor's pipe
+    (end-of-file: the supervisor is gone, stop)."""
     os.setpgrp()  # out of the terminal's process group: signals come from the supervisor only
     from rmqkit.consumer.worker import run_worker
 
-    raise SystemExit(run_worker(settings, config, index=index, cautious=cautious))
+    raise SystemExit(
+        run_worker(settings, config, index=index, cautious=cautious, lifeline=lifeline)
+    )
 
 
 class Supervisor:
@@ -64,6 +83,10 @@ class Supervisor:
         self._ctx = multiprocessing.get_context("spawn")
         self._signals = 0
         self.restarts = 0
+        # The lifeline (see the module docstring): the write end stays here, unwritten, until
+        # this process ends; each worker gets a duplicate of the read end (spawn passes only
+        # the descriptors given to it, so no worker ever holds the write end).
+        self._lifeline, self._lifeline_end = self._ctx.Pipe(duplex=False)
 
     def _start(self, slot: _Slot, *, cautious: bool) -> None:
         port = self.config.metrics_port
@@ -72,7 +95,7 @@ class Supervisor:
         )
         process = self._ctx.Process(
             target=worker_main,
-            args=(self.settings, config, slot.index, cautious),
+            args=(self.settings, config, slot.index, cautious, self._lifeline),
             name=f"rmqkit-worker-{slot.index}",
             daemon=False,
         )
@@ -163,7 +186,3 @@ def run_supervised(settings: Settings, config: ConsumerConfig, processes: int) -
     """
     configure_logging(config.log_format)
     return Supervisor(settings, config, processes).run()
-
-
-async def _unused() -> None:  # pragma: no cover - keeps asyncio imported for type checkers
-    await asyncio.sleep(0)

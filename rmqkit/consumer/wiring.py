@@ -13,6 +13,11 @@ the broker's precedence rules, and dead-letter targets through exchanges and bin
 refuses (ConfigError, exit 78) with one line naming what would drop or misroute messages.
 ``policy_from_snapshot`` reads a work queue's parking target and retry tiers from the same
 snapshot when consume runs without ``--topology``.
+
+``queue_identity`` and ``identity_changes`` compare a queue with itself over time: a consumer
+records what each queue it serves was declared as when it started, and a queue deleted and
+declared again with other arguments (a classic queue where a quorum one with a delivery limit
+was) is not consumed until an operator puts it back or restarts the consumer to accept it.
 """
 
 from __future__ import annotations
@@ -33,10 +38,16 @@ from rmqkit.consumer.decision import QueuePolicy
 from rmqkit.durations import parse_duration_ms
 from rmqkit.errors import ConfigError
 
+QueueIdentity = dict[str, object]
+"""What a queue was declared as: type, durable, auto_delete, exclusive and x-arguments."""
+
 __all__ = [
+    "QueueIdentity",
     "check_wiring",
     "consumer_timeout_s",
+    "identity_changes",
     "policy_from_snapshot",
+    "queue_identity",
     "read_wiring",
     "wiring_warnings",
 ]
@@ -91,6 +102,37 @@ def consumer_timeout_s(snapshot: Snapshot, queue: str) -> float | None:
         return None
     value = number(view.settings.get("consumer-timeout"))
     return value / 1000 if value is not None and value > 0 else None
+
+
+def queue_identity(view: dict[str, object]) -> QueueIdentity:
+    """What ``view`` (``GET /api/queues/{vhost}/{name}``) says the queue was declared as: the
+    properties fixed at declaration, not the ones a policy changes (policies are checked on
+    their own, at start-up, by ``check_wiring``)."""
+    arguments = view.get("arguments")
+    identity: QueueIdentity = {
+        key: view.get(key) for key in ("type", "durable", "auto_delete", "exclusive")
+    }
+    if isinstance(arguments, dict):
+        identity.update({f"argument {k}": v for k, v in sorted(arguments.items())})
+    return identity
+
+
+def identity_changes(before: QueueIdentity, after: QueueIdentity) -> list[str]:
+    """What differs between two identities of one queue, one phrase each
+    (``x-queue-type quorum → classic``, ``x-delivery-limit 5 → none``)."""
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if old != new:
+            name = key.removeprefix("argument ")
+            changes.append(f"{name} {_shown(old)} → {_shown(new)}")
+    return changes
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "none"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def wait_tier_of(name: str, queue: str) -> int | None:

@@ -9,6 +9,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.handler import load_handler
@@ -29,9 +31,17 @@ RECYCLE_EXIT_CODE = 75  # EX_TEMPFAIL
 
 
 def run_worker(
-    settings: Settings, config: ConsumerConfig, *, index: int = 0, cautious: bool = False
+    settings: Settings,
+    config: ConsumerConfig,
+    *,
+    index: int = 0,
+    cautious: bool = False,
+    lifeline: Connection | None = None,
 ) -> int:
-    """Run one consumer in this process until SIGTERM/SIGINT; returns the exit code."""
+    """Run one consumer in this process until SIGTERM/SIGINT, or until ``lifeline`` (the read
+    end of the supervisor's pipe, rmqkit.consumer.supervisor) reaches end-of-file: the
+    supervisor is gone, and a worker nobody supervises must not go on taking messages.
+    Returns the exit code."""
     configure_logging(config.log_format)
     # aiormq logs a lost connection as an ERROR with a traceback; the runner reports it once,
     # as one line, and reconnects.
@@ -40,7 +50,15 @@ def run_worker(
     try:
         handler = load_handler(config.handler)
         code = asyncio.run(
-            _main(settings, config, handler, index=index, cautious=cautious, threads=threads)
+            _main(
+                settings,
+                config,
+                handler,
+                index=index,
+                cautious=cautious,
+                threads=threads,
+                lifeline=lifeline,
+            )
         )
     except RmqkitError as exc:
         log.error("%s", exc)
@@ -71,6 +89,7 @@ async def _main(
     index: int,
     cautious: bool,
     threads: list[HandlerThreads],
+    lifeline: Connection | None = None,
 ) -> int:
     from rmqkit.consumer.handler import LoadedHandler
 
@@ -81,8 +100,18 @@ async def _main(
     keyring = load_keyring(*settings.keyring_sources())
     # One consumer per queue served (the work queue and its lanes, or the partitions), sharing
     # the worker's metrics and health endpoints (rmqkit.consumer.lanes).
+    # A restarted worker (cautious) waits for a queue that is missing instead of exiting 78:
+    # the supervisor would stop every worker, and with them every other queue they serve.
     consumers = [
-        Consumer(settings, one, handler, metrics, cautious=cautious, keyring=keyring)
+        Consumer(
+            settings,
+            one,
+            handler,
+            metrics,
+            cautious=cautious,
+            keyring=keyring,
+            missing_is_fatal=not cautious,
+        )
         for one in (config, *config.siblings)
     ]
     threads.extend(c.threads for c in consumers if c.threads is not None)
@@ -102,6 +131,8 @@ async def _main(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    if lifeline is not None:
+        _watch_lifeline(loop, lifeline, on_signal, config.grace_s)
     for warning in dict.fromkeys(w for c in consumers for w in c.config.warnings):
         log.warning("%s", warning)
     server, rebind = None, None
@@ -132,6 +163,32 @@ async def _main(
     if any(c.recycle for c in consumers) and not signals:
         return RECYCLE_EXIT_CODE
     return ExitCode.OK
+
+
+def _watch_lifeline(
+    loop: asyncio.AbstractEventLoop,
+    lifeline: Connection,
+    stop: Callable[[], None],
+    grace_s: float,
+) -> None:
+    """Call ``stop`` (as the first SIGTERM would) once the supervisor's pipe ends.
+
+    The supervisor never writes to it: readable means end-of-file, i.e. the supervisor's end was
+    closed by its exit or its death (kill -9 of it alone or of its process group included)."""
+    fd = lifeline.fileno()
+    parent = os.getppid()
+
+    def on_readable() -> None:
+        loop.remove_reader(fd)
+        log.warning(
+            "the supervisor (pid %d) is gone; stopping this worker: no new deliveries, "
+            "finishing in-flight messages (grace %.0fs)",
+            parent,
+            grace_s,
+        )
+        stop()
+
+    loop.add_reader(fd, on_readable)
 
 
 METRICS_RETRY_S = 2.0

@@ -15,8 +15,9 @@ import pytest
 
 from rmqkit.consumer.supervisor import RESTART_BASE_S, RESTART_CAP_S, STABLE_AFTER_S
 from tests import broker
-from tests.consumer_harness import ConsumerProcess, effects, events, wait_until
+from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
 from tests.handlers import body
+from tests.supervision import SessionConsumer, alive
 
 WORK, PARKING = "jobs.work", "jobs.work.parking"
 
@@ -187,3 +188,57 @@ def test_broker_stop_app_start_app_during_consumption(
     assert "died" not in consumer.output()
     assert consumer.stop() == 0
     assert sum(1 for n in effects(ledger).values() if n > 1) <= 20
+
+
+@pytest.mark.parametrize("target", ["supervisor", "group"])
+def test_workers_stop_when_their_supervisor_is_killed(
+    jobs_vhost: str, tmp_path: Path, target: str
+) -> None:
+    """`setsid rmqkit consume …`, then kill -9 of the supervisor alone (or of its process
+    group): its workers (in process groups of their own) notice, drain and exit within their
+    grace, and stop consuming — messages published afterwards stay in the queue."""
+    log = tmp_path / "consume.log"
+    consumer = SessionConsumer(
+        jobs_vhost,
+        log,
+        "tests.handlers:handle",
+        "--processes",
+        "2",
+        "--grace",
+        f"{GRACE_S:g}s",
+        queue=WORK,
+        topology=JOBS,
+    )
+    ledger = log.with_suffix(".db")
+    try:
+        ids = _publish(jobs_vhost, 20)
+        assert wait_until(lambda: set(effects(ledger)) >= set(ids), 30), consumer.output()
+        assert wait_until(lambda: len(consumer.workers()) == 2, 10), consumer.output()
+        workers = consumer.workers()
+        if target == "supervisor":
+            os.kill(consumer.proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(consumer.proc.pid, signal.SIGKILL)
+        consumer.proc.wait(timeout=10)
+        # gone within the grace and a margin for a loaded machine (nothing was in flight)
+        assert wait_until(lambda: not any(alive(p) for p in workers), GRACE_S + 15), (
+            [p for p in workers if alive(p)],
+            consumer.output(),
+        )
+        assert "the supervisor (pid" in consumer.output()
+        # nobody consumes any more: what is published now stays in the queue
+        assert wait_until(lambda: not _consumers_on(jobs_vhost, WORK), 15)
+        late = _publish(jobs_vhost, 10)
+        time.sleep(1.0)
+        assert broker.depths(jobs_vhost, [WORK])[WORK] == len(late)
+        assert not set(effects(ledger)) & set(late)
+    finally:
+        consumer.close()
+
+
+GRACE_S = 3.0
+
+
+def _consumers_on(vhost: str, queue: str) -> int:
+    rows = broker.api("GET", f"/consumers/{broker.q(vhost)}").json()
+    return sum(1 for r in rows if r.get("queue", {}).get("name") == queue)

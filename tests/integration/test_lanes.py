@@ -20,6 +20,20 @@ from rmqkit.topology.apply import declare_topology
 from tests import broker
 from tests.consumer_harness import ROOT, ConsumerProcess, wait_until
 from tests.flow_handlers import read_rows
+from tests.ports import free_port
+from tests.supervision import (
+    CLIPS,
+    CLIPS_PARKING,
+    LARGE,
+    SERVED,
+    TWO_LANES,
+    consumer_count,
+    declare_two_lanes,
+    delete_queue,
+    jobs,
+    readyz,
+)
+from tests.supervision import SLOW as SLOW_LANE
 
 TOPOLOGY = str(ROOT / "tests" / "topologies" / "lanes.toml")
 WORK, LANE, PARKING = "media.work", "media.work.lane.slow", "media.work.parking"
@@ -114,3 +128,65 @@ def test_consume_without_a_topology_finds_the_lanes_on_the_broker(
         assert wait_until(lambda: _empty(vhost), 10)
     finally:
         assert consumer.stop() == 0
+
+
+def test_a_deleted_lane_queue_leaves_the_other_queues_consumed_until_it_is_back(
+    fresh_vhost: Any, tmp_path: Path
+) -> None:
+    """Deleting one lane queue under the consumer: the work queue and the other lane are still
+    consumed, the log and /readyz name the missing queue, and once the queue is declared again
+    (the topology's declare, same arguments) its messages are consumed too."""
+    vhost = fresh_vhost()
+    declare_two_lanes(vhost)
+    ledger = tmp_path / "ledger.db"
+    out = f"{ledger}.jsonl"
+    port = free_port()
+    consumer = ConsumerProcess(
+        vhost,
+        ledger,
+        "--metrics-port",
+        str(port),
+        handler="tests.flow_handlers:timed",
+        queue=CLIPS,
+        topology=TWO_LANES,
+    )
+    try:
+        assert broker.wait_for(
+            lambda: all(consumer_count(vhost, q) == 1 for q in SERVED), timeout_s=20
+        ), consumer.output()
+        delete_queue(vhost, LARGE)
+        # /readyz: not ready, naming the missing queue (and only it)
+        assert wait_until(lambda: _names_missing(port, LARGE), 15), (
+            readyz(port),
+            consumer.output(),
+        )
+        status, text = readyz(port)
+        assert status == 503, text
+        assert CLIPS not in text.replace(LARGE, ""), text
+        # the work queue and the other lane are still consumed
+        broker.publish_with_ids(vhost, "clips", "job", jobs("main", 5))
+        broker.publish_with_ids(vhost, "", SLOW_LANE, jobs("slow", 3))
+        assert wait_until(lambda: len(read_rows(out)) == 8, 20), consumer.output()
+        assert wait_until(lambda: _all_empty(vhost, [CLIPS, SLOW_LANE]), 10)
+        assert consumer.proc.poll() is None, consumer.output()
+        assert f"queue {LARGE!r}" in consumer.output() and "does not exist" in consumer.output()
+        # declared again: consumed again, and ready
+        declare_two_lanes(vhost)
+        broker.publish_with_ids(vhost, "", LARGE, jobs("large", 4))
+        assert wait_until(lambda: len(read_rows(out)) == 12, 30), consumer.output()
+        assert wait_until(lambda: _all_empty(vhost, [*SERVED, CLIPS_PARKING]), 10)
+        assert wait_until(lambda: readyz(port)[0] == 200, 15), readyz(port)
+        assert wait_until(lambda: consumer_count(vhost, LARGE) == 1, 15)  # stats lag
+    finally:
+        assert consumer.stop() == 0, consumer.output()
+    kinds = sorted(r["id"].split("-")[0] for r in read_rows(out))
+    assert kinds == ["large"] * 4 + ["main"] * 5 + ["slow"] * 3
+
+
+def _names_missing(port: int, queue: str) -> bool:
+    status, text = readyz(port)
+    return status == 503 and f"queue {queue!r} does not exist" in text
+
+
+def _all_empty(vhost: str, names: list[str]) -> bool:
+    return all(v == 0 for v in broker.depths(vhost, names).values())
