@@ -7,13 +7,19 @@ the thing it describes (an order's sequence number, an account's balance version
 consumer keeps the highest version applied per key and drops anything not newer. Deliveries
 then converge to the latest state whatever order they arrive in.
 
-``apply_if_newer(tx, key, version)`` does that on the caller's open transaction, in the table
-``rmqkit_versions`` (one row per key: the highest version applied and when), with one
-statement — an upsert whose update only happens when the new version is greater — so two
-workers racing on a key serialize on its row (PostgreSQL row lock, SQLite's write lock) and
-exactly one of them sees True. Because it runs in the caller's transaction, a rollback (the
-handler failed) also undoes the version: the message is applied again when it comes back.
-A version equal to the stored one is not newer (False): a redelivered copy is not re-applied.
+``apply_if_newer(tx, key, version, scope=...)`` does that on the caller's open transaction, in
+the table ``rmqkit_versions`` (one row per scope and key: the highest version applied and
+when), with one statement — an upsert whose update only happens when the new version is
+greater — so two workers racing on a key serialize on its row (PostgreSQL row lock, SQLite's
+write lock) and exactly one of them sees True. Because it runs in the caller's transaction, a
+rollback (the handler failed) also undoes the version: the message is applied again when it
+comes back. A version equal to the stored one is not newer (False): a redelivered copy is not
+re-applied.
+
+The **scope** is whose versions these are: ``rmqkit consume`` uses its work queue (with its
+vhost), so two services that consume copies of the same events from their own queues into one
+database each keep their own versions. Keys are compared by their exact bytes (the column is
+binary): a text key is its UTF-8 bytes, an integer key its decimal digits (``order_key``).
 """
 
 from __future__ import annotations
@@ -31,59 +37,90 @@ def versions_ddl(dialect: Dialect) -> list[str]:
     """The statements that create the versions table (idempotent)."""
     return [
         f"CREATE TABLE IF NOT EXISTS {VERSIONS_TABLE} ("
-        "key TEXT PRIMARY KEY, "
+        "scope TEXT NOT NULL DEFAULT '', "
+        f"key {dialect.blob} NOT NULL, "
         "version BIGINT NOT NULL, "
-        f"updated_at {dialect.float_type} NOT NULL)"
+        f"updated_at {dialect.float_type} NOT NULL, "
+        "PRIMARY KEY (scope, key))"
     ]
+
+
+def order_key(value: object) -> bytes | None:
+    """A key as the guard stores it, or None if ``value`` cannot be one.
+
+    Bytes (an AMQP byte-array header, or a string header that is not UTF-8) are kept exactly;
+    text is its UTF-8 bytes (so the text ``"a"`` and the bytes ``b"a"`` are one key: the same
+    bytes on the wire); an integer is its decimal digits (``42`` and ``"42"`` are one key).
+    Empty values, booleans, floats, decimals, timestamps, arrays and tables are not keys.
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        key = bytes(value)
+    elif isinstance(value, str):
+        key = value.encode("utf-8")
+    elif isinstance(value, int) and not isinstance(value, bool):
+        key = str(value).encode("ascii")
+    else:
+        return None
+    return key or None
 
 
 def _apply_sql(dialect: Dialect) -> str:
     return dialect.q(
-        f"INSERT INTO {VERSIONS_TABLE} (key, version, updated_at) VALUES (?, ?, {dialect.now}) "
-        "ON CONFLICT (key) DO UPDATE SET version = excluded.version, "
+        f"INSERT INTO {VERSIONS_TABLE} (scope, key, version, updated_at) "
+        f"VALUES (?, ?, ?, {dialect.now}) "
+        "ON CONFLICT (scope, key) DO UPDATE SET version = excluded.version, "
         "updated_at = excluded.updated_at "
         f"WHERE {VERSIONS_TABLE}.version < excluded.version"
     )
 
 
-def _check(key: str, version: int) -> None:
-    if not isinstance(key, str) or not key:
-        raise ValueError("apply_if_newer: the key must be a non-empty string")
+def _checked(key: str | bytes | int, version: int) -> bytes:
+    stored = order_key(key)
+    if stored is None:
+        raise ValueError(
+            f"apply_if_newer: the key must be non-empty text, bytes or an integer, got {key!r}"
+        )
     if isinstance(version, bool) or not isinstance(version, int):
         raise ValueError(f"apply_if_newer: the version must be an integer, got {version!r}")
     if not NO_VERSION < version < 2**63:
         raise ValueError(f"apply_if_newer: version {version} does not fit a 64-bit integer")
+    return stored
 
 
-def apply_if_newer(tx: SyncConnection, key: str, version: int) -> bool:
-    """Record ``version`` as the latest applied for ``key`` if it is greater than the one
-    stored (or none is); True if so, False for a message that is not newer (skip it).
+def apply_if_newer(
+    tx: SyncConnection, key: str | bytes | int, version: int, *, scope: str = ""
+) -> bool:
+    """Record ``version`` as the latest applied for ``key`` in ``scope`` if it is greater than
+    the one stored (or none is); True if so, False for a message that is not newer (skip it).
 
     ``tx`` is an open transaction on a ``sqlite3.Connection`` or ``psycopg.Connection`` (the
     one a handler receives as ``rmqkit.Transaction``); the table must exist
-    (``rmqkit dedupe init``). Never commits.
+    (``rmqkit dedupe init``). ``scope`` separates independent users of one store (give each
+    consumer its own). Never commits.
     """
-    _check(key, version)
-    cursor: Any = tx.execute(_apply_sql(dialect_of(tx)), (key, version))
+    stored = _checked(key, version)
+    cursor: Any = tx.execute(_apply_sql(dialect_of(tx)), (scope, stored, version))
     return bool(cursor.rowcount == 1)
 
 
-async def apply_if_newer_async(tx: AsyncConnection, key: str, version: int) -> bool:
+async def apply_if_newer_async(
+    tx: AsyncConnection, key: str | bytes | int, version: int, *, scope: str = ""
+) -> bool:
     """``apply_if_newer`` on an asyncio connection (psycopg ``AsyncConnection`` or rmqkit's
     async SQLite connection)."""
-    _check(key, version)
-    cursor: Any = await tx.execute(_apply_sql(dialect_of(tx)), (key, version))
+    stored = _checked(key, version)
+    cursor: Any = await tx.execute(_apply_sql(dialect_of(tx)), (scope, stored, version))
     return bool(cursor.rowcount == 1)
 
 
 def apply_sql(dialect: Dialect) -> str:
-    """The statement ``apply_if_newer`` runs (parameters: key, version)."""
+    """The statement ``apply_if_newer`` runs (parameters: scope, key bytes, version)."""
     return _apply_sql(dialect)
 
 
 def lock_keys_sql(dialect: Dialect) -> list[str]:
-    """Statements that take the row locks of several keys in sorted order (parameter: the list
-    of keys, sorted, for each statement); none on SQLite.
+    """Statements that take the row locks of several keys of one scope in sorted order
+    (parameters of each: the scope, then the list of key bytes, sorted); none on SQLite.
 
     A consumer that handles several messages in one transaction runs these first with the
     batch's keys, so two transactions always lock keys in the same order and cannot deadlock on
@@ -93,10 +130,11 @@ def lock_keys_sql(dialect: Dialect) -> list[str]:
         return []
     return [
         # Missing keys get a row (no version yet) so that there is a row to lock.
-        f"INSERT INTO {VERSIONS_TABLE} (key, version, updated_at) "
-        f"SELECT k, {NO_VERSION}, {dialect.now} FROM unnest(%s::text[]) WITH ORDINALITY "
-        "AS t(k, i) ORDER BY i ON CONFLICT (key) DO NOTHING",
-        f"SELECT key FROM {VERSIONS_TABLE} WHERE key = ANY(%s::text[]) ORDER BY key FOR UPDATE",
+        f"INSERT INTO {VERSIONS_TABLE} (scope, key, version, updated_at) "
+        f"SELECT %s, k, {NO_VERSION}, {dialect.now} FROM unnest(%s::bytea[]) WITH ORDINALITY "
+        "AS t(k, i) ORDER BY i ON CONFLICT (scope, key) DO NOTHING",
+        f"SELECT key FROM {VERSIONS_TABLE} WHERE scope = %s AND key = ANY(%s::bytea[]) "
+        "ORDER BY key FOR UPDATE",
     ]
 
 
@@ -107,5 +145,6 @@ __all__ = [
     "apply_if_newer_async",
     "apply_sql",
     "lock_keys_sql",
+    "order_key",
     "versions_ddl",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,3 +74,42 @@ def business_tables(dsn: str) -> None:
     """The tables tests.dedupe_handlers write (no unique key: a second effect shows)."""
     for statement in BUSINESS_TABLES:
         query(dsn, statement)
+
+
+# The tables an rmqkit before scopes created (ids and text keys global to the store): the
+# upgrade tests make a store with them, as an existing deployment has it.
+OLD_SCHEMA = (
+    "CREATE TABLE rmqkit_processed (message_id TEXT PRIMARY KEY, "
+    "queue TEXT NOT NULL DEFAULT '', processed_at {float} NOT NULL)",
+    "CREATE INDEX rmqkit_processed_at ON rmqkit_processed (processed_at)",
+    "CREATE TABLE rmqkit_dedupe_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE rmqkit_versions (key TEXT PRIMARY KEY, version BIGINT NOT NULL, "
+    "updated_at {float} NOT NULL)",
+)
+
+
+def old_store(dsn: str, ids: list[tuple[str, str]], versions: list[tuple[str, int]]) -> None:
+    """Make the older rmqkit's tables at ``dsn`` holding ``ids`` ((message_id, queue)) and
+    ``versions`` ((key, version)), recorded a minute ago, with a 7-day window."""
+    real = "REAL" if dsn.startswith("sqlite:") else "DOUBLE PRECISION"
+    for statement in OLD_SCHEMA:
+        query(dsn, statement.format(float=real))
+    query(dsn, "INSERT INTO rmqkit_dedupe_settings VALUES ('window_s', '604800.0')")
+    at = time.time() - 60
+    for message_id, queue in ids:
+        query(dsn, "INSERT INTO rmqkit_processed VALUES (%s, %s, %s)", (message_id, queue, at))
+    for key, version in versions:
+        query(dsn, "INSERT INTO rmqkit_versions VALUES (%s, %s, %s)", (key, version, at))
+
+
+def columns(dsn: str, table: str) -> set[str]:
+    """The column names of ``table`` in the store at ``dsn``."""
+    if dsn.startswith("sqlite:"):
+        return {row[1] for row in query(dsn, f"PRAGMA table_info({table})")}
+    rows = query(
+        dsn,
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+        "AND attnum > 0 AND NOT attisdropped",
+        (table,),
+    )
+    return {row[0] for row in rows}

@@ -16,6 +16,7 @@ from rmqkit.consumer.config import (
     ConsumerFlags,
     build_config,
     policy_from_topology,
+    refuse_without_keyring,
 )
 from rmqkit.consumer.dedupe import dedupe_config
 from rmqkit.consumer.handler import LoadedHandler, load_handler
@@ -122,6 +123,12 @@ def consume(
     dedupe_batch: int = typer.Option(
         100, "--dedupe-batch", min=1, max=1000, help="Messages per store transaction at most."
     ),
+    dedupe_scope: str | None = typer.Option(
+        None,
+        "--dedupe-scope",
+        help="Whose message ids and versions (default: the vhost and QUEUE). Give consumers of "
+        "several queues one scope to apply each message once between them.",
+    ),
     order_key_header: str | None = typer.Option(
         None, "--order-key-header", help="Ordering guard: the header holding the entity key."
     ),
@@ -162,12 +169,17 @@ def consume(
             batch=dedupe_batch,
             order_key_header=order_key_header,
             order_version_header=order_version_header,
+            scope=dedupe_scope,
+            queue=queue,
+            vhost=settings.vhost,
         ),
         conflate_key_header=conflate_key_header,
     )
     # The key ring is loaded by each worker at start-up; a bad one fails here once (exit 78).
-    load_keyring(*settings.keyring_sources())
+    ring = load_keyring(*settings.keyring_sources())
     spec = load_topology(topology) if topology is not None else None
+    if spec is not None:  # an encrypting queue without a ring would park every message
+        refuse_without_keyring(spec, queue, ring is not None)
     config = run_async(_resolve(settings, loaded, queue, flags, spec))
     raise typer.Exit(run_supervised(settings, config, processes))
 

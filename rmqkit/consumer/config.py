@@ -12,6 +12,8 @@ from typing import Literal
 
 from rmqkit.consumer.decision import QueuePolicy
 from rmqkit.consumer.loading import LoadedHandler, type_label
+from rmqkit.crypto.errors import KeyRingError
+from rmqkit.crypto.keyring import ENV_FILE, ENV_INLINE
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import ConfigError
 from rmqkit.topology.expand import jitter_slot_delays
@@ -34,6 +36,8 @@ class DedupeConfig:
     batch: int = 100
     order_key_header: str | None = None
     order_version_header: str | None = None
+    # Whose ids and versions (rmqkit.consumer.dedupe); None: the queue's name.
+    scope: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,6 +239,24 @@ def build_config(
         dedupe=flags.dedupe,
         conflate_key_header=flags.conflate_key_header or None,
         encrypted_fields=(*encrypted, *(p for p in marked if p not in encrypted)),
+    )
+
+
+def refuse_without_keyring(topology: Topology, queue: str, has_keyring: bool) -> None:
+    """KeyRingError (exit 78) when work queue ``queue`` (or the work queue of a lane or
+    partition queue) encrypts fields (``encrypt = true``) and no key ring is loaded: every
+    message would be parked ``undecryptable`` — the consumer refuses to start, as
+    ``rmqkit publish`` refuses to publish."""
+    if has_keyring:
+        return
+    spec = queue_spec(topology, queue)
+    if not (spec.encrypt and spec.sensitive_fields):
+        return
+    raise KeyRingError(
+        f"queue {queue!r} encrypts {', '.join(spec.sensitive_fields)} (encrypt = true in "
+        f"{topology.source}) but no key ring is loaded, so every message would be parked "
+        f"undecryptable — set {ENV_FILE} (the path of the key-ring file, from `rmqkit keys "
+        f"generate`) or {ENV_INLINE} (its JSON); nothing was consumed"
     )
 
 

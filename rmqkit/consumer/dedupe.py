@@ -1,6 +1,12 @@
 """`consume --dedupe DSN`: each delivery's handler runs in a store transaction that records its
 message_id, so a redelivered or duplicated message takes effect once (issue 13).
 
+Ids and the ordering guard's versions are recorded in the consumer's **scope**: by default its
+vhost and work queue (``default_scope``; the work queue's lanes and partitions share it), so
+the consumers of two queues bound to one exchange, sharing one database, each apply every
+message; ``--dedupe-scope NAME`` gives consumers that must apply a message once between them
+one scope.
+
 ``DedupeStep.handle(message)`` replaces the plain handler run on the dispatch path when the flag
 is on (nothing here runs without it). It hands the handler call to rmqkit.idempotency's
 ``DedupeLanes``, which batches several deliveries per transaction, and turns the verdict into
@@ -34,14 +40,15 @@ from rmqkit.consumer.message import Message
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.errors import ConfigError, UsageError
-from rmqkit.guard import NO_VERSION
+from rmqkit.guard import NO_VERSION, order_key
 from rmqkit.idempotency import (
     DedupeLanes,
     HandlerEnd,
     LaneOptions,
     OrderKey,
     Verdict,
-    dedupe_status,
+    default_scope,
+    require_current,
 )
 from rmqkit.store import parse_dsn
 
@@ -57,8 +64,14 @@ def dedupe_config(
     batch: int = 100,
     order_key_header: str | None = None,
     order_version_header: str | None = None,
+    scope: str | None = None,
+    queue: str = "",
+    vhost: str = "/",
 ) -> DedupeConfig | None:
     """The ``--dedupe`` settings, checked at startup (None without ``--dedupe``).
+
+    ``scope`` (``--dedupe-scope``) None: the work queue's own, ``default_scope(vhost, queue)``.
+    A store in an older rmqkit's schema is refused (ConfigError, 78: ``dedupe init`` upgrades).
 
     A handler that takes a Transaction needs ``--dedupe`` (ConfigError, 78); the ordering
     headers need it and each other (UsageError, 2). The store must answer and have been
@@ -76,11 +89,15 @@ def dedupe_config(
             )
         if ordered:
             raise UsageError("--order-key-header/--order-version-header need --dedupe DSN")
+        if scope is not None:
+            raise UsageError("--dedupe-scope needs --dedupe DSN")
         return None
+    if scope is not None and not scope.strip():
+        raise UsageError("--dedupe-scope is empty: name the scope the consumers share")
     if ordered and (order_key_header is None or order_version_header is None):
         raise UsageError("--order-key-header and --order-version-header go together")
     parsed = parse_dsn(dsn)
-    dedupe_status(parsed)  # fails here, once, rather than in every worker
+    require_current(parsed)  # fails here, once, rather than in every worker
     if connections is None:
         if parsed.backend == "sqlite":
             connections = 1
@@ -92,6 +109,7 @@ def dedupe_config(
         batch=batch,
         order_key_header=order_key_header,
         order_version_header=order_version_header,
+        scope=scope if scope is not None else default_scope(vhost, queue),
     )
 
 
@@ -127,6 +145,7 @@ class DedupeStep:
             LaneOptions(
                 dsn=dedupe.dsn,
                 queue=config.queue,
+                scope=dedupe.scope,
                 connections=dedupe.connections,
                 batch=dedupe.batch,
                 pass_transaction=handler.takes_transaction,
@@ -145,12 +164,17 @@ class DedupeStep:
 
     def _order(self, message: Message) -> OrderKey | str:
         """The guard's key and version from the headers, or why they are unusable."""
-        key = message.headers.get(self._key_header or "")
+        value = message.headers.get(self._key_header or "")
         version = message.headers.get(self._version_header or "")
-        if isinstance(key, bytes | bytearray):
-            key = bytes(key).decode("utf-8", errors="replace")
-        if not isinstance(key, str) or not key:
-            return f"the ordering key header {self._key_header!r} is missing or empty"
+        # Its exact bytes: a byte-array key is never decoded (two keys would merge into one).
+        key = order_key(value)
+        if key is None:
+            if value is None or value in ("", b""):
+                return f"the ordering key header {self._key_header!r} is missing or empty"
+            return (
+                f"the ordering key header {self._key_header!r} is a {type(value).__name__}: "
+                "a key is text, bytes or an integer"
+            )
         if isinstance(version, bytes | bytearray | str):
             with contextlib.suppress(ValueError):
                 version = int(version)

@@ -30,23 +30,31 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class OrderKey:
-    """The ordering guard's key and version of one message."""
+    """The ordering guard's key (its exact bytes: rmqkit.guard.order_key) and version of one
+    message."""
 
-    key: str
+    key: bytes
     version: int
 
 
 @dataclass(frozen=True)
 class LaneOptions:
-    """``connections`` lanes, at most ``batch`` messages per transaction."""
+    """``connections`` lanes, at most ``batch`` messages per transaction; ids and versions are
+    recorded in ``scope`` (None: the queue's own, ``queue``), ``queue`` kept with each id."""
 
     dsn: str
     queue: str
+    scope: str | None = None
     connections: int = 4
     batch: int = 100
     pass_transaction: bool = False  # the handler takes an rmqkit.Transaction
     sync_connection: bool = False  # it runs in a thread: give it a sync connection
     ordered: bool = False  # messages carry an OrderKey (the guard runs)
+
+    @property
+    def effective_scope(self) -> str:
+        """The scope ids and versions are recorded in."""
+        return self.queue if self.scope is None else self.scope
 
 
 @dataclass(eq=False)

@@ -5,7 +5,8 @@ queue up; each of ``connections`` lanes (one database connection each) takes wha
 (up to ``batch``) and handles it in **one** transaction:
 
 1. ``BEGIN`` (SQLite: ``BEGIN IMMEDIATE``, the write lock up front);
-2. record every id of the batch with one ``INSERT … ON CONFLICT DO NOTHING RETURNING``, ids
+2. record every id of the batch in the lanes' scope (``LaneOptions.scope``: the same id in
+   another scope is another consumer's) with one ``INSERT … ON CONFLICT DO NOTHING RETURNING``, ids
    sorted so that two lanes (or two consumers) lock them in the same order and cannot deadlock
    on them; an id that is not returned was already recorded — committed by someone else, or
    in flight in another transaction, which this insert waited for — and is a **duplicate**: its
@@ -35,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from rmqkit.errors import ConfigError
-from rmqkit.guard import apply_sql, lock_keys_sql
+from rmqkit.guard import VERSIONS_TABLE, apply_sql, lock_keys_sql
 from rmqkit.idempotency.connections import LaneConnection, open_lane_connection
 from rmqkit.idempotency.jobs import (
     Abandoned,
@@ -47,8 +48,7 @@ from rmqkit.idempotency.jobs import (
     OrderKey,
     Verdict,
 )
-from rmqkit.idempotency.record import forget_sql, insert_many
-from rmqkit.idempotency.schema import PROCESSED_TABLE
+from rmqkit.idempotency.record import forget_sql, insert_many, recorded_sql
 from rmqkit.store import Dsn, as_dsn, dialect_for, map_db_error
 
 log = logging.getLogger("rmqkit.consumer")
@@ -69,6 +69,8 @@ class DedupeLanes(Generic[R]):
         self._dsn: Dsn = as_dsn(options.dsn)
         self._dialect = dialect_for(self._dsn.backend)
         self._judge = judge
+        # Whose ids and versions: the same id or key in another scope is another consumer's.
+        self._scope = options.effective_scope
         self._savepoints = options.pass_transaction or options.ordered
         self._begin = "BEGIN IMMEDIATE" if self._dialect.name == "sqlite" else "BEGIN"
         self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Job, or Claim without savepoints
@@ -79,10 +81,13 @@ class DedupeLanes(Generic[R]):
         """Check the store answers and was initialised; start the lanes."""
         conn = await self._open()
         try:
-            rows = await conn.fetch(
-                self._dialect.q(f"SELECT count(*) FROM {PROCESSED_TABLE} WHERE message_id = ?"),
-                ("",),
-            )
+            # The statements the lanes run need the scoped schema: an older store fails here.
+            await conn.fetch(recorded_sql(self._dialect), (self._scope, ""))
+            if self.options.ordered:
+                await conn.fetch(
+                    self._dialect.q(f"SELECT 1 FROM {VERSIONS_TABLE} WHERE scope = ? AND key = ?"),
+                    (self._scope, b""),
+                )
         except Exception as exc:
             # Unreachable or cut off (a failover, a terminated backend, SQLite locked) is not
             # "never initialised": DatabaseUnavailable (69, a worker is restarted), not 78
@@ -96,7 +101,6 @@ class DedupeLanes(Generic[R]):
             ) from None
         finally:
             await conn.close()
-        del rows
         for index in range(max(1, self.options.connections)):
             self._lanes.append(asyncio.create_task(self._lane(), name=f"rmqkit-dedupe-{index}"))
 
@@ -210,7 +214,7 @@ class DedupeLanes(Generic[R]):
                 conn = await self._open()
             await conn.execute(self._begin)
             ids = sorted({claim.message_id for claim in claims})
-            sql, params = insert_many(self._dialect, ids, self.options.queue)
+            sql, params = insert_many(self._dialect, ids, self._scope, self.options.queue)
             new = {row[0] for row in await conn.fetch(sql, params)}
         except Exception as exc:
             error = map_db_error(exc, self._dsn) or exc
@@ -234,7 +238,7 @@ class DedupeLanes(Generic[R]):
         try:
             await batch.all_reported()
             for message_id in batch.failed:
-                await conn.execute(forget_sql(self._dialect), (message_id,))
+                await conn.execute(forget_sql(self._dialect), (self._scope, message_id))
             await conn.execute("COMMIT")
         except Exception as exc:
             batch.end(map_db_error(exc, self._dsn) or exc)
@@ -261,17 +265,17 @@ class DedupeLanes(Generic[R]):
     async def _transaction(
         self, conn: LaneConnection, jobs: list[Job[R]]
     ) -> list[tuple[Verdict, R | None]]:
-        dialect, queue = self._dialect, self.options.queue
+        dialect, scope, queue = self._dialect, self._scope, self.options.queue
         await conn.execute(self._begin)
-        sql, params = insert_many(dialect, sorted({job.message_id for job in jobs}), queue)
+        sql, params = insert_many(dialect, sorted({job.message_id for job in jobs}), scope, queue)
         new = {row[0] for row in await conn.fetch(sql, params)}
         keys = sorted({job.order.key for job in jobs if job.order is not None})
         if keys:
             for statement in lock_keys_sql(dialect):
                 if statement.startswith("SELECT"):
-                    await conn.fetch(statement, [keys])
+                    await conn.fetch(statement, [scope, keys])
                 else:
-                    await conn.execute(statement, [keys])
+                    await conn.execute(statement, [scope, keys])
         results: list[tuple[Verdict, R | None]] = [(Verdict.DUPLICATE, None)] * len(jobs)
         pending: list[int] = []
         for index, job in enumerate(jobs):
@@ -313,13 +317,11 @@ class DedupeLanes(Generic[R]):
         batch is run again one message at a time (what committed is then a duplicate)."""
         if conn.ended():
             rogue = jobs[pending[0]].message_id
-            committed = await conn.fetch(
-                self._dialect.q(f"SELECT 1 FROM {PROCESSED_TABLE} WHERE message_id = ?"), (rogue,)
-            )
+            committed = await conn.fetch(recorded_sql(self._dialect), (self._scope, rogue))
             # After a ROLLBACK nothing of the batch is left: nothing to delete (and an id a
             # concurrent consumer recorded since must not be).
             for index in pending[1:] if committed else []:
-                await conn.execute(forget_sql(self._dialect), (jobs[index].message_id,))
+                await conn.execute(forget_sql(self._dialect), (self._scope, jobs[index].message_id))
         raise RuntimeError(
             "the transaction was aborted or ended inside a handler (an SQL error it caught, "
             "or its own COMMIT/ROLLBACK): the batch is run again, one message at a time"
@@ -330,7 +332,7 @@ class DedupeLanes(Generic[R]):
     ) -> tuple[Verdict, R | None]:
         if self._judge(outcome) is HandlerEnd.OK:
             return Verdict.APPLIED, outcome
-        await conn.execute(forget_sql(self._dialect), (job.message_id,))
+        await conn.execute(forget_sql(self._dialect), (self._scope, job.message_id))
         return Verdict.ROLLED_BACK, outcome
 
     async def _in_savepoint(
@@ -345,7 +347,7 @@ class DedupeLanes(Generic[R]):
             await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
         if job.order is not None:
             applied = await conn.execute(
-                apply_sql(self._dialect), (job.order.key, job.order.version)
+                apply_sql(self._dialect), (self._scope, job.order.key, job.order.version)
             )
             if applied != 1:
                 return Verdict.STALE, None
@@ -358,7 +360,7 @@ class DedupeLanes(Generic[R]):
         # Back to the start of this message: its writes and the guard's version are undone;
         # the id was recorded before the savepoint, so it is deleted explicitly.
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-        await conn.execute(forget_sql(self._dialect), (job.message_id,))
+        await conn.execute(forget_sql(self._dialect), (self._scope, job.message_id))
         return Verdict.ROLLED_BACK, outcome
 
 

@@ -15,15 +15,36 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rmqkit.errors import ConfigError
-from rmqkit.idempotency.schema import PROCESSED_TABLE, format_window, read_window, store_errors
+from rmqkit.guard import VERSIONS_TABLE
+from rmqkit.idempotency.schema import (
+    PROCESSED_TABLE,
+    format_window,
+    read_window,
+    store_errors,
+    table_columns,
+)
+from rmqkit.idempotency.upgrade import outdated_tables
 from rmqkit.store import Dialect, Dsn, as_dsn, connect, dialect_of, transaction
 
 DEFAULT_BATCH = 10_000
 
 
 @dataclass(frozen=True)
+class ScopeRows:
+    """One scope of the store: its processed ids and the ordering guard's keys."""
+
+    scope: str
+    ids: int
+    keys: int
+
+
+@dataclass(frozen=True)
 class DedupeStatus:
-    """What ``rmqkit dedupe status`` shows. Times are Unix seconds; ages in seconds."""
+    """What ``rmqkit dedupe status`` shows. Times are Unix seconds; ages in seconds.
+
+    ``outdated``: tables still in an older rmqkit's schema (no scopes): ``rmqkit dedupe init``
+    upgrades them, and consumers refuse to start until it has; ``scopes`` is empty then.
+    """
 
     dsn: str
     rows: int
@@ -31,6 +52,8 @@ class DedupeStatus:
     newest_at: float | None
     window_s: float | None
     older_than_window: int  # rows a prune with the window would delete now
+    scopes: tuple[ScopeRows, ...] = ()
+    outdated: tuple[str, ...] = ()
 
     @property
     def oldest_age_s(self) -> float | None:
@@ -75,11 +98,28 @@ def _missing_table(dsn: Dsn) -> ConfigError:
 
 
 def _table_exists(conn: Any, dialect: Dialect) -> bool:
-    if dialect.name == "sqlite":
-        sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
-        return conn.execute(sql, (PROCESSED_TABLE,)).fetchone() is not None
-    row = conn.execute("SELECT to_regclass(%s)", (PROCESSED_TABLE,)).fetchone()
-    return row is not None and row[0] is not None
+    return table_columns(conn, dialect, PROCESSED_TABLE) is not None
+
+
+def _outdated(dsn: Dsn) -> ConfigError:
+    return ConfigError(
+        f"the dedupe store {dsn.masked} has an older rmqkit's schema (message ids and ordering "
+        f"keys without a scope) — run `rmqkit dedupe init --dsn {dsn.masked}` to upgrade it"
+    )
+
+
+def _scopes(conn: Any, dialect: Dialect) -> tuple[ScopeRows, ...]:
+    counts: dict[str, list[int]] = {}
+    for scope, ids in conn.execute(
+        f"SELECT scope, count(*) FROM {PROCESSED_TABLE} GROUP BY scope"
+    ).fetchall():
+        counts.setdefault(scope, [0, 0])[0] = int(ids)
+    if table_columns(conn, dialect, VERSIONS_TABLE) is not None:
+        for scope, keys in conn.execute(
+            f"SELECT scope, count(*) FROM {VERSIONS_TABLE} GROUP BY scope"
+        ).fetchall():
+            counts.setdefault(scope, [0, 0])[1] = int(keys)
+    return tuple(ScopeRows(scope, ids, keys) for scope, (ids, keys) in sorted(counts.items()))
 
 
 def dedupe_status(dsn: str | Dsn) -> DedupeStatus:
@@ -104,6 +144,8 @@ def dedupe_status(dsn: str | Dsn) -> DedupeStatus:
                 (time.time() - window,),
             ).fetchone()
             stale = counted[0]
+        outdated = tuple(outdated_tables(conn, dialect))
+        scopes = () if outdated else _scopes(conn, dialect)
     return DedupeStatus(
         dsn=parsed.masked,
         rows=int(rows),
@@ -111,6 +153,8 @@ def dedupe_status(dsn: str | Dsn) -> DedupeStatus:
         newest_at=None if newest is None else float(newest),
         window_s=window,
         older_than_window=int(stale),
+        scopes=scopes,
+        outdated=outdated,
     )
 
 
@@ -120,9 +164,10 @@ def _delete_sql(dialect: Dialect) -> str:
             f"DELETE FROM {PROCESSED_TABLE} WHERE rowid IN (SELECT rowid FROM {PROCESSED_TABLE} "
             "WHERE processed_at < ? LIMIT ?)"
         )
+    # The row's whole key: the same id may be recorded in several scopes, at other times.
     return (
-        f"DELETE FROM {PROCESSED_TABLE} WHERE message_id IN (SELECT message_id FROM "
-        f"{PROCESSED_TABLE} WHERE processed_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
+        f"DELETE FROM {PROCESSED_TABLE} WHERE (scope, message_id) IN (SELECT scope, message_id "
+        f"FROM {PROCESSED_TABLE} WHERE processed_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)"
     )
 
 
@@ -147,6 +192,8 @@ def prune(
         dialect = dialect_of(conn)
         if not _table_exists(conn, dialect):
             raise _missing_table(parsed)
+        if outdated_tables(conn, dialect):
+            raise _outdated(parsed)
         window = read_window(conn)
         age = older_than_s if older_than_s is not None else window
         if age is None:
@@ -180,4 +227,21 @@ def prune(
     )
 
 
-__all__ = ["DEFAULT_BATCH", "DedupeStatus", "PruneResult", "dedupe_status", "prune"]
+def require_current(dsn: str | Dsn) -> DedupeStatus:
+    """``dedupe_status``, refusing a store still in an older rmqkit's schema (ConfigError, 78:
+    its ids and keys have no scope, and the consumer's statements would fail on it)."""
+    status = dedupe_status(dsn)
+    if status.outdated:
+        raise _outdated(as_dsn(dsn))
+    return status
+
+
+__all__ = [
+    "DEFAULT_BATCH",
+    "DedupeStatus",
+    "PruneResult",
+    "ScopeRows",
+    "dedupe_status",
+    "prune",
+    "require_current",
+]

@@ -1,12 +1,16 @@
-"""The idempotency store's tables, created by ``rmqkit dedupe init`` (or ``init_store``).
+"""The idempotency store's tables, created (and upgraded) by ``rmqkit dedupe init``.
 
-``rmqkit_processed`` holds one row per message id handled (the primary key is the whole
-mechanism: a second insert of the same id finds the row), the queue it came from and when, as
-Unix seconds; ``rmqkit_processed_at`` indexes the time for pruning. ``rmqkit_dedupe_settings``
-keeps the retention window chosen at init, which ``status`` shows, ``prune`` defaults to and
-``doctor --dedupe`` compares with the retry and replay horizon. The ordering guard's
-``rmqkit_versions`` (rmqkit.guard) is created alongside. Teams that migrate with their own tools
-can take the statements from ``schema_statements`` (docs/idempotency.md shows them).
+``rmqkit_processed`` holds one row per (scope, message id) handled — the primary key is the
+whole mechanism: a second insert of the same id in the same scope finds the row — the queue it
+came from and when, as Unix seconds; ``rmqkit_processed_at`` indexes the time for pruning. The
+scope is whose ids these are: ``rmqkit consume`` uses its vhost and work queue
+(``default_scope``), so consumers of two queues that get copies of one message both apply it.
+``rmqkit_dedupe_settings`` keeps the retention window chosen at init, which ``status`` shows,
+``prune`` defaults to and ``doctor --dedupe`` compares with the retry and replay horizon, and
+the schema version. The ordering guard's ``rmqkit_versions`` (rmqkit.guard) is created
+alongside. A store made by an older rmqkit (ids and keys without a scope) is upgraded in place
+by ``init_store`` (rmqkit.idempotency.upgrade). Teams that migrate with their own tools can take
+the statements from ``schema_statements`` (docs/idempotency.md shows them).
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ import contextlib
 import re
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import quote
 
 from rmqkit.durations import parse_duration_ms
 from rmqkit.errors import ConfigError, RmqkitError
 from rmqkit.guard import versions_ddl
-from rmqkit.store import Dialect, Dsn, as_dsn, connect, dialect_of, transaction
+from rmqkit.store import Dialect, Dsn, dialect_of
 
 PROCESSED_TABLE: Final = "rmqkit_processed"
 SETTINGS_TABLE: Final = "rmqkit_dedupe_settings"
@@ -74,53 +78,50 @@ def _is_db_error(exc: BaseException) -> bool:
     return type(exc).__module__.startswith("psycopg")
 
 
+def default_scope(vhost: str, queue: str) -> str:
+    """The scope ``rmqkit consume`` records ids and versions in when not given one: the vhost,
+    URL-encoded as in an AMQP URL (``/`` is ``%2F``), a slash, and the work queue — e.g.
+    ``%2F/shipping.work``. Encoding the vhost keeps it unambiguous: two vhosts with a queue of
+    the same name get two scopes."""
+    return f"{quote(vhost, safe='')}/{queue}"
+
+
+def processed_ddl(dialect: Dialect) -> list[str]:
+    """The processed-ids table and its time index (idempotent)."""
+    return [
+        f"CREATE TABLE IF NOT EXISTS {PROCESSED_TABLE} ("
+        "scope TEXT NOT NULL DEFAULT '', "
+        "message_id TEXT NOT NULL, "
+        "queue TEXT NOT NULL DEFAULT '', "
+        f"processed_at {dialect.float_type} NOT NULL, "
+        "PRIMARY KEY (scope, message_id))",
+        f"CREATE INDEX IF NOT EXISTS {PROCESSED_TABLE}_at ON {PROCESSED_TABLE} (processed_at)",
+    ]
+
+
 def schema_statements(dialect: Dialect) -> list[str]:
     """Every CREATE statement of the store, idempotent (IF NOT EXISTS)."""
     return [
-        f"CREATE TABLE IF NOT EXISTS {PROCESSED_TABLE} ("
-        "message_id TEXT PRIMARY KEY, "
-        "queue TEXT NOT NULL DEFAULT '', "
-        f"processed_at {dialect.float_type} NOT NULL)",
-        f"CREATE INDEX IF NOT EXISTS {PROCESSED_TABLE}_at ON {PROCESSED_TABLE} (processed_at)",
+        *processed_ddl(dialect),
         f"CREATE TABLE IF NOT EXISTS {SETTINGS_TABLE} (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
         *versions_ddl(dialect),
     ]
 
 
-@dataclass(frozen=True)
-class InitResult:
-    """What ``init_store`` left in place: the store (masked) and the window in effect."""
-
-    dsn: str
-    window_s: float
-    window_changed: bool
-
-
-def init_store(dsn: str | Dsn, *, window_s: float | None = None) -> InitResult:
-    """Create the tables if missing and record the retention window (idempotent).
-
-    ``window_s`` None keeps the window already recorded (7 days on a new store); a value
-    replaces it. Database failures: DatabaseUnavailable (exit 69).
-    """
-    parsed = as_dsn(dsn)
-    if window_s is not None and window_s <= 0:
-        raise ConfigError("the dedupe window must be greater than zero")
-    with (
-        store_errors(parsed, "create the dedupe tables"),
-        connect(parsed) as conn,
-        transaction(conn),
-    ):
-        dialect = dialect_of(conn)
-        for statement in schema_statements(dialect):
-            conn.execute(statement)
-        current = _read_window(conn, dialect)
-        wanted = window_s if window_s is not None else (current or DEFAULT_WINDOW_S)
-        if current != wanted:
-            conn.execute(
-                dialect.q(dialect.upsert(SETTINGS_TABLE, ("name", "value"), ("name",), ("value",))),
-                ("window_s", repr(float(wanted))),
-            )
-    return InitResult(parsed.masked, wanted, current is not None and current != wanted)
+def table_columns(conn: Any, dialect: Dialect, table: str) -> set[str] | None:
+    """The column names of ``table`` on an open connection (None: no such table)."""
+    if dialect.name == "sqlite":
+        rows = conn.execute(f"PRAGMA table_info({table})").fetchall()
+        return {row[1] for row in rows} or None
+    found = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+    if found is None or found[0] is None:
+        return None
+    rows = conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+        "AND attnum > 0 AND NOT attisdropped",
+        (table,),
+    ).fetchall()
+    return {row[0] for row in rows}
 
 
 def _read_window(conn: Any, dialect: Dialect) -> float | None:
@@ -128,6 +129,14 @@ def _read_window(conn: Any, dialect: Dialect) -> float | None:
         dialect.q(f"SELECT value FROM {SETTINGS_TABLE} WHERE name = ?"), ("window_s",)
     ).fetchone()
     return float(row[0]) if row is not None else None
+
+
+def write_setting(conn: Any, dialect: Dialect, name: str, value: str) -> None:
+    """Set one row of the settings table on an open connection."""
+    conn.execute(
+        dialect.q(dialect.upsert(SETTINGS_TABLE, ("name", "value"), ("name",), ("value",))),
+        (name, value),
+    )
 
 
 def read_window(conn: Any) -> float | None:
@@ -139,10 +148,13 @@ __all__ = [
     "DEFAULT_WINDOW_S",
     "PROCESSED_TABLE",
     "SETTINGS_TABLE",
-    "InitResult",
+    "default_scope",
     "format_window",
-    "init_store",
     "parse_window",
+    "processed_ddl",
     "read_window",
     "schema_statements",
+    "store_errors",
+    "table_columns",
+    "write_setting",
 ]

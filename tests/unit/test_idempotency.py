@@ -168,7 +168,8 @@ def test_guard_applies_only_newer_versions(dsn: str) -> None:
             raise RuntimeError("rolled back")
         with transaction(conn):
             assert apply_if_newer(conn, "order-1", 4) is True
-    assert query(dsn, "SELECT key, version FROM rmqkit_versions") == [("order-1", 4)]
+    # the key's exact bytes, in the library's default (empty) scope
+    assert query(dsn, "SELECT scope, key, version FROM rmqkit_versions") == [("", b"order-1", 4)]
     with connect(dsn) as conn, transaction(conn), pytest.raises(ValueError):
         apply_if_newer(conn, "order-1", "5")  # type: ignore[arg-type]
 

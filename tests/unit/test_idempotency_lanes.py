@@ -179,7 +179,11 @@ def test_ordering_guard_converges_to_the_latest_version(dsn: str) -> None:
         try:
             results = await asyncio.gather(
                 *(
-                    lanes.run(f"{k}-{v}", writer(f"{k}-{v}", key=k, version=v), OrderKey(k, v))
+                    lanes.run(
+                        f"{k}-{v}",
+                        writer(f"{k}-{v}", key=k, version=v),
+                        OrderKey(k.encode(), v),
+                    )
                     for k, v in deliveries
                 )
             )
@@ -190,8 +194,8 @@ def test_ordering_guard_converges_to_the_latest_version(dsn: str) -> None:
     verdicts = asyncio.run(main())
     assert verdicts[Verdict.APPLIED] + verdicts[Verdict.STALE] == 200
     assert verdicts[Verdict.STALE] > 0
-    versions = dict(query(dsn, "SELECT key, version FROM rmqkit_versions"))
-    assert versions == {f"k{k}": 10 for k in range(20)}
+    versions = dict(query(dsn, "SELECT key, version FROM rmqkit_versions WHERE scope = 'q'"))
+    assert versions == {f"k{k}".encode(): 10 for k in range(20)}
     latest = query(dsn, "SELECT k, max(version) FROM business GROUP BY k")
     assert dict(latest) == {f"k{k}": 10 for k in range(20)}
 
