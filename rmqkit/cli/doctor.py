@@ -10,6 +10,7 @@ from rich.table import Table
 from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from, topology_option
 from rmqkit.cli.render import print_json, stdout
 from rmqkit.cli.topology import ViaChoice
+from rmqkit.durations import is_zero_duration
 from rmqkit.errors import UsageError
 from rmqkit.health.doctor import DoctorReport, run_doctor
 from rmqkit.topology import load_topology
@@ -37,7 +38,7 @@ _STYLE = {"critical": "bold red", "warning": "yellow", "ok": "green", "skipped":
 
 def _sample_s(text: str) -> float:
     """--growth-sample in seconds; 0 (no second read) is allowed here, unlike other durations."""
-    return 0.0 if text.strip() in ("0", "0s", "0ms") else seconds(text, "--growth-sample")
+    return 0.0 if is_zero_duration(text) else seconds(text, "--growth-sample")
 
 
 def doctor(

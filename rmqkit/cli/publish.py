@@ -14,7 +14,7 @@ import typer
 
 from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from
 from rmqkit.cli.render import stderr
-from rmqkit.durations import format_duration_ms, parse_duration_ms
+from rmqkit.durations import format_duration_ms, parse_delay_ms
 from rmqkit.errors import BrokerUnavailable, DataError, UsageError
 from rmqkit.publish import (
     IdSource,
@@ -217,13 +217,11 @@ def _notice(line: str) -> None:
 
 
 def _delay_option(text: str | None) -> int | None:
-    """--delay in ms (0 for 0s); a bad spelling is a usage error (64)."""
+    """--delay in ms (0 for any zero: 0s, 0m, 0.0s); a bad spelling is a usage error (64)."""
     if text is None:
         return None
-    if text.strip() in ("0", "0s", "0ms"):
-        return 0
     try:
-        return parse_duration_ms(text)
+        return parse_delay_ms(text)
     except ValueError as exc:
         raise UsageError(f"--delay: {exc}") from None
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from rmqkit.crypto.model import sensitive_fields
 from rmqkit.delay import DelayRangeError, Ladder
-from rmqkit.durations import parse_duration_ms
+from rmqkit.durations import parse_delay_ms
 from rmqkit.errors import ConfigError
 from rmqkit.outbox.schema import TABLE
 from rmqkit.store import AsyncSQLiteConnection, dialect_of
@@ -126,10 +126,8 @@ def delay_ms_of(delay: Delay) -> int | None:
             raise DelayRangeError(f"delay {delay} is not whole milliseconds")
         ms = int(ms)
     elif isinstance(delay, str):
-        if delay.strip() in ("0", "0s", "0ms"):
-            return 0
         try:
-            ms = parse_duration_ms(delay)
+            ms = parse_delay_ms(delay)  # any zero ("0s", "0m", "0.0s"): no delay
         except ValueError as exc:
             raise DelayRangeError(f"delay: {exc}") from None
     else:

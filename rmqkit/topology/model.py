@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from rmqkit.delay.ladder import DEFAULT_BITS, DEFAULT_UNIT_MS
-from rmqkit.durations import format_duration_ms, parse_duration_ms
+from rmqkit.durations import format_duration_ms, parse_delay_ms, parse_duration_ms
 from rmqkit.errors import TopologyFileError
 from rmqkit.topology import flow
 from rmqkit.topology.locate import find_line, key_path, pydantic_message
@@ -27,16 +27,31 @@ from rmqkit.topology.locate import find_line, key_path, pydantic_message
 BUILTIN_EXCHANGE_PREFIX = "amq."
 
 
-def _duration(value: Any) -> int:
+def _duration_text(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, str):
         raise ValueError(
             f'bad duration {value!r}: write it as a string with a unit, e.g. "5s" or "500ms"'
         )
-    return parse_duration_ms(value)
+    return value
+
+
+def _duration(value: Any) -> int:
+    return parse_duration_ms(_duration_text(value))
 
 
 DurationMs = Annotated[int, BeforeValidator(_duration)]
 """A duration written as ``"500ms"``/``"5s"``/``"2m"``/``"1h"``, held in milliseconds."""
+
+
+def _delay(value: Any) -> int | None:
+    """A default delay: any spelling of zero (``"0s"``, ``"0m"``, ``"0.0s"``) means none."""
+    if value is None:
+        return None
+    return parse_delay_ms(_duration_text(value)) or None
+
+
+DelayMs = Annotated[int | None, BeforeValidator(_delay)]
+"""A queue's default delay in milliseconds; a zero duration is None (no delay)."""
 
 DAY_MS = 86_400_000
 # RabbitMQ stores message-ttl as a 32-bit millisecond count: about 49.7 days.
@@ -173,7 +188,7 @@ class QueueModel(_Strict):
     encrypt: StrictBool = False
     blind_index: list[str] = Field(default_factory=list)
     # The delay publish / outbox.add apply by default to messages routed here (delay ladder).
-    delay: DurationMs | None = None
+    delay: DelayMs = None
     # Lanes (file order = match order), a single active consumer, or N partitions by a header.
     lanes: dict[str, LaneModel] = Field(default_factory=dict)
     single_active_consumer: StrictBool = False

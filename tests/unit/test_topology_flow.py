@@ -206,7 +206,7 @@ def test_topic_matching(pattern: str, key: str, hit: bool) -> None:
     ("text", "key", "words"),
     [
         ("[queues.w]\njitter = 1.5\n", "queues.w.jitter", "less than or equal"),
-        ('[queues.w]\ndelay = "0s"\n', "queues.w.delay", "greater than zero"),
+        ('[queues.w]\ndelay = "-1s"\n', "queues.w.delay", "must not be negative"),
         ('[queues.w]\ndelay = "48h"\n', "queues.w.delay", "delay ladder"),
         ("[queues.w]\ndelay = 5\n", "queues.w.delay", "bad duration"),
         ("[queues.w]\npartitions = 1\npartition_key = 'k'\n", "queues.w.partitions", "2"),
@@ -254,7 +254,7 @@ def test_invalid_flow_keys_name_key_and_line(text: str, key: str, words: str) ->
 
 
 def test_error_line_points_at_the_key() -> None:
-    err = _error('[queues.w]\nprefetch = 3\n\ndelay = "0s"\n')
+    err = _error('[queues.w]\nprefetch = 3\n\ndelay = "-1s"\n')
     assert err.line == 4
 
 
