@@ -81,3 +81,70 @@ def test_readiness_needs_every_served_queue_connected_and_consuming() -> None:
     metrics.set_consuming(True, "media.work.lane.slow")
     metrics.set_connected(False, "media.work")
     assert metrics.not_ready_reason() == "not connected to the broker (media.work)"
+
+
+def test_a_served_queue_that_waits_for_a_missing_queue_is_named_first() -> None:
+    from rmqkit.consumer.metrics import ConsumerMetrics
+
+    metrics = ConsumerMetrics("media.work")
+    for queue in ("media.work", "media.work.lane.slow"):
+        metrics.set_connected(True, queue)
+        metrics.set_consuming(True, queue)
+    reason = "queue 'media.work.lane.slow' does not exist (deleted?): not consuming it"
+    metrics.set_consuming(False, "media.work.lane.slow")
+    metrics.set_waiting("media.work.lane.slow", reason)
+    assert metrics.not_ready_reason() == reason
+    assert b'rmqkit_consumer_queues_waiting{queue="media.work"} 1.0' in metrics.render()
+    metrics.set_waiting("media.work.lane.slow", None)
+    metrics.set_consuming(True, "media.work.lane.slow")
+    assert metrics.not_ready_reason() is None
+    assert b'rmqkit_consumer_queues_waiting{queue="media.work"} 0.0' in metrics.render()
+
+
+def test_a_queue_declared_again_with_other_arguments_shows_each_difference() -> None:
+    from rmqkit.consumer.wiring import identity_changes, queue_identity
+
+    quorum = {
+        "name": "media.work.lane.slow",
+        "type": "quorum",
+        "durable": True,
+        "auto_delete": False,
+        "exclusive": False,
+        "arguments": {"x-queue-type": "quorum", "x-delivery-limit": 5},
+        "messages": 3,  # counters and policies are not part of what it was declared as
+        "policy": "p",
+    }
+    same = {**quorum, "messages": 0, "policy": None}
+    assert identity_changes(queue_identity(quorum), queue_identity(same)) == []
+    classic = {**quorum, "type": "classic", "arguments": {}}
+    assert identity_changes(queue_identity(quorum), queue_identity(classic)) == [
+        "x-delivery-limit 5 \u2192 none",
+        "x-queue-type quorum \u2192 none",
+        "type quorum \u2192 classic",
+    ]
+
+
+def test_a_worker_stops_once_its_supervisors_pipe_ends() -> None:
+    """The lifeline: end-of-file on the read end (the supervisor's end closed, as its death
+    closes it) calls the graceful stop once; nothing before that."""
+    import asyncio
+    import multiprocessing
+
+    from rmqkit.consumer.worker import _watch_lifeline
+
+    async def main() -> list[str]:
+        read, write = multiprocessing.Pipe(duplex=False)
+        calls: list[str] = []
+        _watch_lifeline(asyncio.get_running_loop(), read, lambda: calls.append("stop"), 1.0)
+        await asyncio.sleep(0.05)
+        assert calls == []
+        write.close()
+        for _ in range(100):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # and only once
+        read.close()
+        return calls
+
+    assert asyncio.run(main()) == ["stop"]
