@@ -171,7 +171,7 @@ def test_ordering_guard_bad_headers_are_parked_with_a_reason_not_looped(
         assert headers["rmqkit-attempt"] == 1 if "rmqkit-attempt" in headers else True
         assert "'v'" in str(headers.get("rmqkit-error-message", "")), headers
     assert query(dsn, "SELECT k, version FROM applied ORDER BY version") == [("a", 1), ("a", 2)]
-    assert dict(query(dsn, "SELECT key, version FROM rmqkit_versions")) == {"a": 2}
+    assert dict(query(dsn, "SELECT key, version FROM rmqkit_versions")) == {b"a": 2}
 
 
 def _close_broker_connections(vhost: str) -> int:
