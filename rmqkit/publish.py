@@ -43,6 +43,11 @@ class OutgoingMessage:
     expiration: str | None = None
     priority: int | None = None
     app_id: str | None = None
+    # Where the message came from (``<stdin>:3``, ``--body 2``), for messages about it, and its
+    # position there (the line number or --body index) when its message_id was derived from
+    # it (``derived_message_id``): None for an id given or taken from a field.
+    where: str = ""
+    derived_at: int | None = None
 
 
 def new_message_id() -> str:
@@ -55,7 +60,14 @@ def new_message_id() -> str:
 ID_NAMESPACE: Final = uuid.UUID("4f0b2a3e-6a55-5d0c-9a57-7d9e1c2b8a61")
 
 
-def derived_message_id(exchange: str, routing_key: str, position: int, body: bytes) -> str:
+def derived_message_id(
+    exchange: str,
+    routing_key: str,
+    position: int,
+    body: bytes,
+    *,
+    keyed: Callable[[bytes], bytes] | None = None,
+) -> str:
     """The message_id `rmqkit publish` gives a message that has none: a name-based UUID (version 5,
     32 hex digits) of the exchange, the routing key, the input position (1-based line number, or
     --body index) and the body.
@@ -63,19 +75,35 @@ def derived_message_id(exchange: str, routing_key: str, position: int, body: byt
     Publishing the same input to the same exchange and key again therefore gives every message the
     same id, so after a lost connection a rerun's duplicates are recognisable by an idempotent
     consumer; identical bodies at different positions, or sent elsewhere, get different ids.
+
+    ``keyed``: an HMAC (the key ring's ``index_digest``) for a body with sensitive fields. An
+    unkeyed id of a plaintext body lets anyone who reads the id test guesses of a value (a
+    six-digit tax id is a million SHA-1s); keyed, it is as stable (the same input, the same
+    id) and cannot be recomputed without the index key. A UUID of version 8 (RFC 9562) then.
     """
     exchange_bytes, key_bytes = exchange.encode(), routing_key.encode()
-    digest = hashlib.sha1(ID_NAMESPACE.bytes, usedforsecurity=False)
     # length-prefixed, so no text can move between the parts and give the same name
-    digest.update(
-        b"%d:%s%d:%s%d:"
-        % (len(exchange_bytes), exchange_bytes, len(key_bytes), key_bytes, position)
+    name = b"%d:%s%d:%s%d:" % (
+        len(exchange_bytes),
+        exchange_bytes,
+        len(key_bytes),
+        key_bytes,
+        position,
     )
-    digest.update(body)
-    raw = bytearray(digest.digest()[:16])
-    raw[6] = (raw[6] & 0x0F) | 0x50  # version 5 (what uuid.UUID(..., version=5) sets, 4x faster)
+    if keyed is not None:
+        raw = bytearray(keyed(_KEYED_PREFIX + name + body)[:16])
+        raw[6] = (raw[6] & 0x0F) | 0x80  # version 8: custom (keyed HMAC-SHA256)
+    else:
+        digest = hashlib.sha1(ID_NAMESPACE.bytes, usedforsecurity=False)
+        digest.update(name)
+        digest.update(body)
+        raw = bytearray(digest.digest()[:16])
+        raw[6] = (raw[6] & 0x0F) | 0x50  # version 5 (what uuid.UUID(..., version=5) sets)
     raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
     return raw.hex()
+
+
+_KEYED_PREFIX: Final = b"rmqkit-id/1\x00"
 
 
 @dataclass(frozen=True)
@@ -91,6 +119,11 @@ class IdSource:
     routing_key: str = ""
     field: str | None = None
     random: bool = False
+
+    @property
+    def derives(self) -> bool:
+        """Whether an id is derived from the message (``derived_message_id``)."""
+        return self.field is None and not self.random
 
     @property
     def repeatable(self) -> bool:
@@ -145,7 +178,14 @@ def messages_from_lines(
                 message_id = ids.message_id(number, body, None)
             except ValueError as exc:
                 raise DataError(f"{source}:{number}: {exc}") from None
-            yield OutgoingMessage(body, message_id, headers, content_type=content_type)
+            yield OutgoingMessage(
+                body,
+                message_id,
+                headers,
+                content_type=content_type,
+                where=f"{source}:{number}",
+                derived_at=number if ids.derives else None,
+            )
 
 
 def messages_from_bodies(
@@ -162,7 +202,14 @@ def messages_from_bodies(
             message_id = ids.message_id(number, body, None)
         except ValueError as exc:
             raise DataError(f"--body {number}: {exc}") from None
-        yield OutgoingMessage(body, message_id, headers, content_type=content_type)
+        yield OutgoingMessage(
+            body,
+            message_id,
+            headers,
+            content_type=content_type,
+            where=f"--body {number}",
+            derived_at=number if ids.derives else None,
+        )
 
 
 _NDJSON_KEYS = {"body", "body_b64", "headers", "properties", "routing_key", "message_id"}
@@ -220,9 +267,11 @@ def messages_from_ndjson(
         merged = {**(headers or {}), **(item.get("headers") or {})}
         given = item.get("message_id") or props.get("message_id")
         routing_key = item.get("routing_key")
+        derived_at = None
         if given:
             message_id = str(given)
         else:
+            derived_at = number if ids.derives else None
             try:
                 message_id = ids.message_id(number, body, routing_key, item)
             except ValueError as exc:
@@ -238,6 +287,8 @@ def messages_from_ndjson(
             expiration=None if props.get("expiration") is None else str(props["expiration"]),
             priority=props.get("priority"),
             app_id=props.get("app_id"),
+            where=f"{source}:{number}",
+            derived_at=derived_at,
         )
 
 

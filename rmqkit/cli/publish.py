@@ -19,6 +19,7 @@ from rmqkit.errors import BrokerUnavailable, DataError, UsageError
 from rmqkit.publish import (
     IdSource,
     OutgoingMessage,
+    derived_message_id,
     messages_from_bodies,
     messages_from_lines,
     messages_from_ndjson,
@@ -145,7 +146,7 @@ def publish(
             )
         )
         if message_id is not None:
-            messages = [replace(messages[0], message_id=message_id)]
+            messages = [replace(messages[0], message_id=message_id, derived_at=None)]
     elif sys.stdin.isatty():
         raise UsageError("give --body or pipe messages on stdin (one per line)")
     elif ndjson:
@@ -256,15 +257,29 @@ def _at_edge(
     delay_ms: int | None,
 ) -> tuple[list[OutgoingMessage], list[Routed]]:
     """Every message encrypted and routed (lane, delay ladder), before anything is published.
-    The message_id was derived from the message as given, so a rerun gets the same ids."""
+
+    A derived message_id of a message with sensitive fields is keyed (``derived_message_id``
+    with the key ring's index key) over the body as given: a rerun gets the same ids, and no
+    one reading an id can test guesses of an encrypted value against it. Errors name the
+    message by where it came from (line or --body index), not by such an id."""
     out: list[OutgoingMessage] = []
     routed: list[Routed] = []
     for number, message in enumerate(messages, start=1):
         key = message.routing_key if message.routing_key is not None else routing_key
+        message_id = message.message_id
         try:
             body = message.body
             if encryptor is not None:
                 body = encryptor.encrypt(exchange, key, body, message.headers)
+                if message.derived_at is not None and body is not message.body:
+                    assert encryptor.keyring is not None  # encrypt refuses without one
+                    message_id = derived_message_id(
+                        exchange,
+                        key,
+                        message.derived_at,
+                        message.body,
+                        keyed=encryptor.keyring.index_digest,
+                    )
             where = edge.route(
                 exchange,
                 key,
@@ -274,18 +289,29 @@ def _at_edge(
                 expiration=message.expiration,
             )
         except DataError as exc:
-            raise DataError(f"message {number} (message_id {message.message_id}): {exc}") from None
+            raise DataError(f"{_named(message, number)}: {exc}") from None
         routed.append(where)
         out.append(
             replace(
                 message,
                 body=body,
+                message_id=message_id,
                 exchange=where.exchange,
                 routing_key=where.routing_key,
                 headers=where.headers,
             )
         )
     return out, routed
+
+
+def _named(message: OutgoingMessage, number: int) -> str:
+    """How an error names a message: where it came from, and its message_id unless derived
+    from the body (a derived id of a body with sensitive fields is not shown before it is
+    keyed)."""
+    where = f"message {number} ({message.where})" if message.where else f"message {number}"
+    if message.derived_at is not None:
+        return where
+    return f"{where} (message_id {message.message_id})"
 
 
 def _edge_counts(routed: list[Routed]) -> dict[str, object]:

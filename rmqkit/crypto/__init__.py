@@ -4,7 +4,9 @@
   with ``load_keyring(file, inline)`` / ``keyring_from_env()`` (``RMQKIT_KEYRING_FILE`` or
   ``RMQKIT_KEYRING``); written by ``generate`` / ``rotate`` / ``activate`` (mode 0600).
 - ``encrypt_fields`` / ``decrypt_fields`` / ``redact_fields`` on a JSON body (bytes or parsed),
-  by dotted field path; ``Undecryptable`` (a DataError) names the path and the reason.
+  by field path (``customer.name``, ``items[].card``: rmqkit.crypto.paths); ``shape_problem``
+  says why a body could hold a field where its path does not reach (refused: DataError);
+  ``Undecryptable`` (a DataError) names the path and the reason.
 - ``blind_index`` and ``Matcher``: equality search without decrypting.
 - ``Sensitive`` (``rmqkit.Sensitive``): marks a pydantic model's field sensitive;
   ``sensitive_fields(Model)`` lists the marked fields as paths (rmqkit.crypto.model).
@@ -20,7 +22,9 @@ from rmqkit.crypto.fields import (
     decrypt_fields,
     encrypt_fields,
     find_field,
+    leaves,
     redact_fields,
+    shape_problem,
 )
 from rmqkit.crypto.keyfile import activate, generate, rotate
 from rmqkit.crypto.keyring import (
@@ -56,10 +60,12 @@ __all__ = [
     "generate_keyring",
     "is_envelope",
     "keyring_from_env",
+    "leaves",
     "load_keyring",
     "load_keyring_file",
     "parse_keyring",
     "redact_fields",
     "rotate",
     "sensitive_fields",
+    "shape_problem",
 ]

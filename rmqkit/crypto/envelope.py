@@ -42,18 +42,45 @@ def is_envelope(value: Any) -> bool:
 
 
 _FIELDS = frozenset((MARKER, "kid", "n", "ct", "bi"))
+_TAG_BYTES = 16
+_INDEX_BYTES = 32
 
 
 def is_sealed(value: Any) -> bool:
-    """Whether ``value`` has exactly the shape of an envelope rmqkit writes. ``encrypt_fields``
-    leaves only such a value as it is: user data that merely has a ``$rmqkit_enc`` key is
-    encrypted like any other value, never sent in plaintext as "already encrypted"."""
-    return (
-        isinstance(value, dict)
-        and value.get(MARKER) == VERSION
-        and value.keys() <= _FIELDS
-        and all(isinstance(value.get(k), str) for k in ("kid", "n", "ct"))
-    )
+    """Whether ``value`` has exactly the shape of an envelope rmqkit writes: version 1, a valid
+    key id, a 12-byte nonce, a ciphertext at least as long as the GCM tag, a 32-byte blind index
+    if any, and no other key. Only such a value counts as encrypted (``encrypt_fields`` leaves
+    it as it is once it opens; the outbox relay's check lets it pass): user data that merely
+    has a ``$rmqkit_enc`` key is not "already encrypted"."""
+    if not isinstance(value, dict) or not value.keys() <= _FIELDS:
+        return False
+    version = value.get(MARKER)
+    if type(version) is not int or version != VERSION or not valid_key_id(value.get("kid")):
+        return False
+    nonce = _strict_b64(value.get("n"))
+    ciphertext = _strict_b64(value.get("ct"))
+    if nonce is None or len(nonce) != NONCE_BYTES:
+        return False
+    if ciphertext is None or len(ciphertext) < _TAG_BYTES:
+        return False
+    if "bi" in value:
+        index = _strict_b64(value["bi"])
+        return index is not None and len(index) == _INDEX_BYTES
+    return True
+
+
+def _strict_b64(text: Any) -> bytes | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+class NotUnicode(ValueError):
+    """A value holds a string with a lone surrogate (``"\\ud83d"`` in JSON): not Unicode text,
+    so it has no UTF-8 form to encrypt."""
 
 
 def _b64(data: bytes) -> str:
@@ -76,11 +103,37 @@ def compact_json(value: Any) -> bytes:
     try:
         out = orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError):
-        return _compact(value).encode("utf-8")
+        return _json_module(value)
     # orjson writes NaN/Infinity as null: only an output with a null can hide one.
     if b"null" in out and _has_non_finite(value):
-        return _compact(value).encode("utf-8")
+        return _json_module(value)
     return out
+
+
+_ascii = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+
+
+def _json_module(value: Any) -> bytes:
+    try:
+        return _compact(value).encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (read from a "\\ud83d" escape) has no UTF-8 form; the escaped
+        # spelling keeps the body as it came (only sealing a value refuses it: seal).
+        return _ascii(value).encode("ascii")
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
 
 
 def _has_non_finite(value: Any) -> bool:
@@ -139,6 +192,8 @@ def seal(keyring: KeyRing, path: str, value: Any, *, index: bool = False) -> dic
     kid = keyring.current_id
     nonce = os.urandom(NONCE_BYTES)
     plaintext = compact_json(value)
+    if plaintext.isascii() and b"\\u" in plaintext and _has_surrogate(value):
+        raise NotUnicode("holds a string with a lone surrogate (e.g. \\ud83d): not Unicode text")
     ciphertext = keyring.cipher(kid).encrypt(nonce, plaintext, _aad(path, kid))
     envelope: dict[str, Any] = {
         MARKER: VERSION,
@@ -228,11 +283,20 @@ def _open(keyring: KeyRing, path: str, envelope: dict[str, Any], kid: str) -> An
         except orjson.JSONDecodeError:
             pass  # e.g. a lone surrogate escape, which the json module reads
     try:
-        return loads_json(plaintext)
+        value = loads_json(plaintext)
     except ValueError:  # authentic yet not JSON (or UTF-8): not written by rmqkit
         raise Undecryptable(
             path, Undecryptable.MALFORMED, "decrypted value is not JSON", kid=kid
         ) from None
+    # Only an escape can spell a lone surrogate in valid UTF-8 JSON; rmqkit never seals one.
+    if b"\\u" in plaintext and _has_surrogate(value):
+        raise Undecryptable(
+            path,
+            Undecryptable.MALFORMED,
+            "decrypted value holds a lone surrogate (not Unicode text; rmqkit never encrypts one)",
+            kid=kid,
+        )
+    return value
 
 
 def redaction_marker(envelope: dict[str, Any]) -> str:
@@ -245,6 +309,7 @@ __all__ = [
     "MARKER",
     "NONCE_BYTES",
     "VERSION",
+    "NotUnicode",
     "blind_index",
     "canonical_json",
     "compact_json",

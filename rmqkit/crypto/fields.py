@@ -1,8 +1,10 @@
 """Field-level encryption of a JSON body: encrypt, decrypt, redact, match by blind index.
 
-A field is a dotted path into nested objects (``customer.name``); a path does not step into
-lists, and a key that itself contains a dot cannot be named. A field missing from a body (or
-under something that is not an object) is not an error: there is nothing to protect.
+A field is a dotted path into nested objects (``customer.name``), ``[]`` stepping into every
+item of a list (``items[].card``, ``[].tax_id`` for a body that is a list: rmqkit.crypto.paths).
+A field missing from a body is not an error: there is nothing to protect. A body shaped so that
+it could hold the field where the path does not reach (a list where an object was expected, a
+scalar, a flattened ``"customer.name"`` key) is refused by ``encrypt_fields`` (DataError).
 
 Every function takes the body as ``bytes`` (returns compact JSON ``bytes``, or the very same
 object when nothing changed) or as an already parsed value (returns a new value; the input is
@@ -18,6 +20,7 @@ from typing import Any, TypeVar
 
 from rmqkit.crypto.envelope import (
     MARKER,
+    NotUnicode,
     blind_index,
     compact_json,
     is_envelope,
@@ -29,6 +32,7 @@ from rmqkit.crypto.envelope import (
 )
 from rmqkit.crypto.errors import KeyRingError, Undecryptable
 from rmqkit.crypto.keyring import ENV_FILE, ENV_INLINE, KeyRing
+from rmqkit.crypto.paths import ITEMS, has_items, join, leaves, parse_path, shape_problem
 from rmqkit.errors import ConfigError, DataError
 
 B = TypeVar("B")
@@ -36,15 +40,6 @@ _Fn = Callable[[str, Any], Any]  # (dotted path, value) -> new value, or the sam
 # Cheap test before parsing: a body without this text holds no envelope. (A JSON writer that
 # escaped letters of the key, "\u0024rmqkit_enc", would slip past it; none does.)
 _MARKER_BYTES = MARKER[1:].encode()
-
-
-@lru_cache(maxsize=4096)
-def parse_path(path: str) -> tuple[str, ...]:
-    """``"customer.name"`` → ``("customer", "name")``; ValueError for an empty segment."""
-    parts = tuple(path.split("."))
-    if not path or "" in parts:
-        raise ValueError(f"bad field path {path!r}: dotted names like customer.name")
-    return parts
 
 
 def check_paths(paths: Iterable[str], blind_index_paths: Iterable[str] = ()) -> None:
@@ -67,7 +62,18 @@ def _checked(paths: Iterable[str], blind_index_paths: Iterable[str] = ()) -> Non
 
 # --- walking a parsed body (copy-on-write) ------------------------------------------------------
 def _at_path(root: Any, parts: Sequence[str], path: str, fn: _Fn) -> Any:
-    """``root`` with ``fn`` applied to the value at ``parts`` (absent: ``root`` unchanged)."""
+    """``root`` with ``fn`` applied to the value(s) at ``parts`` (absent: ``root`` unchanged;
+    a ``[]`` step applies it to every item of a list)."""
+    if parts[0] == ITEMS:
+        if not isinstance(root, list):
+            return root
+        items: list[Any] | None = None
+        for i, child in enumerate(root):
+            new = fn(path, child) if len(parts) == 1 else _at_path(child, parts[1:], path, fn)
+            if new is not child:
+                items = list(root) if items is None else items
+                items[i] = new
+        return root if items is None else items
     if not isinstance(root, dict) or parts[0] not in root:
         return root
     child = root[parts[0]]
@@ -80,12 +86,13 @@ def _at_path(root: Any, parts: Sequence[str], path: str, fn: _Fn) -> Any:
 
 
 def _envelopes(value: Any, parts: list[str], fn: _Fn) -> Any:
-    """``value`` with ``fn`` applied to every envelope anywhere in it (lists included: an
-    envelope moved into a list gets a path like ``items.0`` and fails to open). ``parts`` is
-    the path so far, joined only when an envelope is found (most of a body is not one)."""
+    """``value`` with ``fn`` applied to every envelope anywhere in it. A list's items are
+    named with ``[]`` (``items[].card``), as the field paths name them, so an envelope sealed
+    for another field fails to open. ``parts`` is the path so far, joined only when an
+    envelope is found (most of a body is not one)."""
     if isinstance(value, dict):
         if MARKER in value:
-            return fn(".".join(parts), value)
+            return fn(join(parts), value)
         changed: dict[str, Any] | None = None
         for key, child in value.items():
             if not isinstance(child, dict | list):
@@ -102,7 +109,7 @@ def _envelopes(value: Any, parts: list[str], fn: _Fn) -> Any:
         for i, child in enumerate(value):
             if not isinstance(child, dict | list):
                 continue
-            parts.append(str(i))
+            parts.append(ITEMS)
             new = _envelopes(child, parts, fn)
             parts.pop()
             if new is not child:
@@ -157,9 +164,12 @@ def encrypt_fields(
     """``body`` with the value of each field in ``paths`` replaced by its envelope under the
     ring's current key, with a blind index for the fields in ``blind_index_paths``.
 
-    A missing field is skipped; a field that already holds an envelope is left as it is (a
-    replayed or relayed message is not encrypted twice). No key ring: KeyRingError (exit 78);
-    a bytes body that is not JSON: DataError (exit 65) — never sent in plaintext.
+    A missing field is skipped; a field that already holds an envelope that opens under the
+    ring is left as it is (a replayed or relayed message is not encrypted twice). Never sent in
+    plaintext instead: no key ring is a KeyRingError (exit 78); a DataError (exit 65, naming
+    the field) for a bytes body that is not JSON, a body shaped so it could hold a field where
+    the path does not reach (``rmqkit.crypto.paths.shape_problem``), a value with a lone
+    surrogate, or an envelope-shaped value that does not open under the ring.
     """
     if not paths:
         return body
@@ -169,10 +179,35 @@ def encrypt_fields(
 
     def encrypt(path: str, value: Any) -> Any:
         if is_sealed(value):
+            try:
+                open_envelope(ring, path, value)
+            except Undecryptable as exc:
+                raise DataError(
+                    f"field {path} holds an envelope that does not open under the key ring "
+                    f"({exc.reason}): refused rather than published as if encrypted"
+                ) from None
             return value
-        return seal(ring, path, value, index=path in indexed)
+        try:
+            return seal(ring, path, value, index=path in indexed)
+        except NotUnicode as exc:
+            raise DataError(f"field {path} {exc}: it cannot be encrypted") from None
 
-    return _on_body(body, paths, encrypt, need_json=True)
+    parsed: Any = body
+    if isinstance(body, bytes | bytearray | memoryview):
+        try:
+            parsed = loads_json(bytes(body))
+        except ValueError:
+            raise DataError(
+                "the body is not JSON: its sensitive fields cannot be encrypted"
+            ) from None
+    for path in paths:
+        problem = shape_problem(parsed, path)
+        if problem is not None:
+            raise DataError(problem)
+    new = _apply(parsed, paths, encrypt)
+    if parsed is body:
+        return new  # type: ignore[no-any-return]
+    return body if new is parsed else compact_json(new)  # type: ignore[return-value]
 
 
 def decrypt_fields(
@@ -258,7 +293,9 @@ def _decrypt_expected(data: bytes, first: Sequence[str], opener: _Fn, fn: _Fn) -
 def _split(first: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...], str], ...]:
     """Each expected path once, split into its parents and leaf (per queue, not per message)."""
     return tuple(
-        (path, parse_path(path)[:-1], parse_path(path)[-1]) for path in dict.fromkeys(first)
+        (path, parse_path(path)[:-1], parse_path(path)[-1])
+        for path in dict.fromkeys(first)
+        if not has_items(path)  # envelopes in lists: found by the walk
     )
 
 
@@ -282,7 +319,10 @@ def redact_fields(body: B, paths: Sequence[str] | None = None) -> B:
 
 def find_field(body: Any, path: str) -> tuple[bool, Any]:
     """``(True, value)`` for the value at dotted ``path`` in a parsed body, else ``(False,
-    None)``."""
+    None)``; for a path with ``[]`` steps ``(True, [values…])`` when any item has it."""
+    if has_items(path):
+        found = list(leaves(body, path))
+        return (True, found) if found else (False, None)
     value = body
     for part in parse_path(path):
         if not isinstance(value, dict) or part not in value:
@@ -332,9 +372,9 @@ class Matcher:
                 body = json.loads(bytes(body))
             except ValueError:
                 return False
-        found, value = find_field(body, self.path)
-        if not found:
-            return False
+        return any(self._equal(value) for value in leaves(body, self.path))
+
+    def _equal(self, value: Any) -> bool:
         if is_envelope(value):
             if self._keyring is None:
                 _require(None)
@@ -348,6 +388,8 @@ __all__ = [
     "decrypt_fields",
     "encrypt_fields",
     "find_field",
+    "leaves",
     "parse_path",
     "redact_fields",
+    "shape_problem",
 ]

@@ -113,7 +113,8 @@ class KeyRing:
                 raise KeyRingError(f"{source}: key id {key.id!r} appears twice")
             by_id[key.id] = key
         if current not in by_id:
-            raise KeyRingError(f"{source}: current key {current!r} is not among the keys")
+            shown = repr(current) if valid_key_id(current) else "(not a key id)"
+            raise KeyRingError(f"{source}: current key {shown} is not among the keys")
         self._keys = by_id
         self.current_id = current
         self.index_key = index_key
@@ -190,8 +191,9 @@ class KeyRing:
     def activated(self, kid: str) -> KeyRing:
         """The same keys with ``kid`` current."""
         if kid not in self._keys:
+            shown = repr(kid) if valid_key_id(kid) else "(not a key id)"
             raise KeyRingError(
-                f"{self.source}: no encryption key {kid!r} (the ring has {', '.join(self._keys)})"
+                f"{self.source}: no encryption key {shown} (the ring has {', '.join(self._keys)})"
             )
         return KeyRing(list(self._keys.values()), kid, self.index_key, source=self.source)
 
@@ -240,8 +242,10 @@ def parse_keyring(text: str | bytes, *, source: str) -> KeyRing:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:  # its message quotes no text, only the position
+        hint = f" — {ENV_INLINE} takes the ring's JSON; a file path goes in {ENV_FILE}"
         raise KeyRingError(
             f"{source}: not a JSON key ring (line {exc.lineno} column {exc.colno})"
+            + (hint if source == ENV_INLINE else "")
         ) from None
     except UnicodeDecodeError:
         raise KeyRingError(f"{source}: not a JSON key ring (not UTF-8)") from None
@@ -261,27 +265,81 @@ def parse_keyring(text: str | bytes, *, source: str) -> KeyRing:
 
 
 # --- loading ------------------------------------------------------------------------------------
-def load_keyring_file(path: Path | str) -> KeyRing:
+_B64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=_-")
+_HOLDS = (
+    f"{ENV_FILE} takes the path of a key-ring file (`rmqkit keys generate --out FILE`); "
+    f"the ring's JSON itself goes in {ENV_INLINE}"
+)
+
+
+def _looks_like_material(text: str) -> bool:
+    """Whether ``text`` (given as a file name) could be key material rather than a path: JSON,
+    several lines, or a long base64-like run (a key is 44 base64 characters). Such a text is
+    never quoted in a message."""
+    if not text.isprintable() or any(c in text for c in "{}[]\"'"):
+        return True
+    for part in text.replace("\\", "/").split("/"):
+        run = part.rsplit(".", 1)[0] if "." in part[1:] else part
+        if len(run) >= 16 and set(run) <= _B64_CHARS and _mixed(run):
+            return True
+    return len(text) > 1024
+
+
+def _mixed(run: str) -> bool:
+    """Upper and lower case letters and digits all in ``run``: random base64, not a name."""
+    return (
+        any(c.isupper() for c in run)
+        and any(c.islower() for c in run)
+        and any(c.isdigit() for c in run)
+    )
+
+
+def _file_source(path: Path | str, what: str | None) -> str:
+    """How the file ``path`` is named in messages: the path, or ``what`` (the setting's name)
+    when the text looks like key material (a ring's JSON or a key pasted in by mistake)."""
+    text = str(path)
+    if not _looks_like_material(text):
+        return text
+    return what or "the key-ring file name"
+
+
+def load_keyring_file(path: Path | str, *, what: str | None = None) -> KeyRing:
     """Read the key ring at ``path``. A file others may read is loaded with a warning (secret
-    mounts are often 0644) — `rmqkit keys generate/rotate` write 0600."""
+    mounts are often 0644) — `rmqkit keys generate/rotate` write 0600.
+
+    ``what``: the setting the path came from (``RMQKIT_KEYRING_FILE``), named in messages
+    instead of a path that looks like key material (a ring's JSON, a base64 key): no message
+    ever quotes such a text."""
+    source = _file_source(path, what)
+    text = str(path)
+    if source != text:
+        shape = "JSON (a key ring itself?)" if text.lstrip()[:1] in "{[" else "key material"
+        raise KeyRingError(
+            f"{source} holds what looks like {shape}, not a file path (not shown) — {_HOLDS}"
+        )
     path = Path(path)
     try:
-        text = path.read_bytes()
+        data = path.read_bytes()
         mode = path.stat().st_mode
-    except OSError as exc:
-        raise KeyRingError(f"key ring {path}: cannot read ({exc.strerror or exc})") from None
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "bad file name"
+        hint = f" — {_HOLDS}" if what else ""
+        raise KeyRingError(f"key ring {source}: cannot read ({reason}){hint}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("key ring %s is readable by others (mode %o): chmod 600 it", path, mode & 0o777)
-    return parse_keyring(text, source=str(path))
+        log.warning(
+            "key ring %s is readable by others (mode %o): chmod 600 it", source, mode & 0o777
+        )
+    return parse_keyring(data, source=source)
 
 
 def load_keyring(file: Path | str | None = None, inline: str | None = None) -> KeyRing | None:
     """The key ring from a file path (``RMQKIT_KEYRING_FILE``) or inline JSON
-    (``RMQKIT_KEYRING``); None if neither is given. Both at once is a configuration error."""
+    (``RMQKIT_KEYRING``); None if neither is given. Both at once is a configuration error.
+    No message quotes either value beyond a path that looks like one."""
     if file and inline:
         raise KeyRingError(f"set {ENV_FILE} or {ENV_INLINE}, not both")
     if file:
-        ring = load_keyring_file(file)
+        ring = load_keyring_file(file, what=ENV_FILE)
     elif inline:
         ring = parse_keyring(inline, source=ENV_INLINE)
     else:

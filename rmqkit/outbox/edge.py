@@ -17,7 +17,6 @@ publish command and the outbox use it (docs/outbox.md, docs/delay.md "Wiring").
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +25,14 @@ from typing import Any
 from rmqkit.broker.session import Session
 from rmqkit.crypto import (
     KeyRing,
+    Undecryptable,
     encrypt_fields,
-    find_field,
-    is_envelope,
     keyring_from_env,
+    leaves,
     sensitive_fields,
+    shape_problem,
 )
+from rmqkit.crypto.envelope import is_sealed, loads_json, open_envelope
 from rmqkit.delay import DelayRangeError, Ladder, declare_ladder, declare_target
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import DataError
@@ -160,22 +161,44 @@ class Encryptor:
         headers: Mapping[str, Any] | None = None,
     ) -> str | None:
         """Why ``body`` must not be published as it is: a field it should carry encrypted holds
-        plaintext, or it is not JSON; None if it is fine. No key ring needed (the outbox relay
-        checks rows with it: they are encrypted by ``add``, never by the relay)."""
+        plaintext or something that only looks like an envelope, the body is shaped so it could
+        hold such a field where the path does not reach (``rmqkit.crypto.shape_problem``), or
+        it is not JSON; None if it is fine. No key ring needed (the outbox relay checks rows
+        with it: they are encrypted by ``add``, never by the relay): only a sealed envelope
+        (``is_sealed``: version, key id, nonce, tag and index lengths) counts as encrypted, and
+        with ``keyring`` set it must also open under it."""
         paths, _ = self.fields_for(exchange, routing_key, headers)
         if not paths:
             return None
         try:
-            parsed = json.loads(body)
+            parsed = loads_json(body)
         except ValueError:
             return "the body is not JSON: its sensitive fields cannot be encrypted"
-        bare = [p for p in paths if (f := find_field(parsed, p))[0] and not is_envelope(f[1])]
+        bare: list[str] = []
+        for path in paths:
+            problem = shape_problem(parsed, path)
+            if problem is not None:
+                return problem
+            if not all(self._sealed(path, value) for value in leaves(parsed, path)):
+                bare.append(path)
         if not bare:
             return None
         return (
-            f"sensitive field(s) {', '.join(bare)} in plaintext: write the row with "
-            "add(..., encryptor=rmqkit.outbox.Encryptor...) — the relay never publishes them so"
+            f"sensitive field(s) {', '.join(bare)} in plaintext (or not a sealed envelope): "
+            "write the row with add(..., encryptor=rmqkit.outbox.Encryptor...) — the relay "
+            "never publishes them so"
         )
+
+    def _sealed(self, path: str, value: Any) -> bool:
+        if not is_sealed(value):
+            return False
+        if self.keyring is None:
+            return True
+        try:
+            open_envelope(self.keyring, path, value)
+        except Undecryptable:
+            return False
+        return True
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from rmqkit.crypto import (
     encrypt_fields,
     find_field,
     generate_keyring,
+    is_envelope,
     redact_fields,
 )
 from rmqkit.errors import ConfigError, DataError, ExitCode
@@ -102,26 +103,63 @@ def test_nonces_are_fresh_so_equal_values_do_not_look_equal(ring) -> None:
 
 def test_nested_paths_and_missing_fields_are_not_errors(ring) -> None:
     body = {"order": {"customer": {"name": "Ada", "tax": {"id": "9"}}}, "list": [{"name": "x"}]}
-    paths = [
-        "order.customer.name",
-        "order.customer.tax.id",
-        "order.absent",
-        "absent.deeper",
-        "list.name",
-        "order.customer.name.too_deep",
-    ]
+    paths = ["order.customer.name", "order.customer.tax.id", "order.absent", "absent.deeper"]
     sealed = encrypt_fields(body, paths, [], ring)
     assert sealed["order"]["customer"]["name"][MARKER] == 1
     assert sealed["order"]["customer"]["tax"]["id"][MARKER] == 1
-    assert sealed["list"] == [{"name": "x"}]  # paths do not step into lists
+    assert sealed["list"] == [{"name": "x"}]  # no path names it
     assert decrypt_fields(sealed, paths, ring) == body
-    # a body where no path exists comes back as the very same object; so do non-objects
-    other = {"unrelated": 1}
+    # a body where no path exists comes back as the very same object
+    other = {"unrelated": 1, "absent": None, "order": {}}
     assert encrypt_fields(other, paths, [], ring) is other
     raw = b'{"unrelated": 1}'
     assert encrypt_fields(raw, paths, [], ring) is raw
-    assert encrypt_fields([1, 2], paths, [], ring) == [1, 2]
-    assert encrypt_fields(b"[1, 2]", paths, [], ring) == b"[1, 2]"
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "said"),
+    [
+        ({"list": [{"name": "x"}]}, "list.name", "list is a list"),
+        ([{"customer": {"name": "Ada"}}], "customer.name", "the body is a list"),
+        ({"customer.name": "Ada"}, "customer.name", "'customer.name'"),
+        ({"customer": "Ada Lovelace"}, "customer.name", "customer is a string"),
+        ({"items": {"card": "4242"}}, "items[].card", "items is an object"),
+        ({"items": [{"card": "1"}, 7]}, "items[].card", "items[1] is a number"),
+        ({"items[0].card": "4242"}, "items[].card", "'items[0].card'"),
+        ({"order": {"customer": [{"name": "x"}]}}, "order.customer.name", "order.customer"),
+    ],
+)
+def test_a_shape_that_could_hold_the_field_elsewhere_is_refused(ring, body, path, said) -> None:
+    with pytest.raises(DataError) as caught:
+        encrypt_fields(body, [path], [], ring)
+    text = str(caught.value)
+    assert path in text and said in text
+    for value in ("Ada", "4242", "Lovelace"):
+        assert value not in text.replace("'customer.name'", "")  # names paths, never values
+    with pytest.raises(DataError):
+        encrypt_fields(json.dumps(body).encode(), [path], [], ring)
+
+
+def test_array_paths_encrypt_every_item_and_decrypt_back(ring) -> None:
+    body = {
+        "items": [{"card": "4242", "qty": 1}, {"qty": 2}, {"card": {"holder": "Ada"}}],
+        "orders": [{"lines": [{"sku": "a"}, {"sku": "b"}]}, {"lines": []}],
+        "tags": ["x", "y"],
+    }
+    paths = ["items[].card", "orders[].lines[].sku", "tags[]"]
+    sealed = encrypt_fields(json.dumps(body).encode(), paths, ["items[].card"], ring)
+    data = json.loads(sealed)
+    assert is_envelope(data["items"][0]["card"]) and "card" not in data["items"][1]
+    assert is_envelope(data["items"][2]["card"]) and "bi" in data["items"][2]["card"]
+    assert all(is_envelope(line["sku"]) for line in data["orders"][0]["lines"])
+    assert all(is_envelope(tag) for tag in data["tags"])
+    assert json.loads(decrypt_fields(sealed, None, ring)) == body  # the consumer's walk
+    assert json.loads(decrypt_fields(sealed, paths, ring)) == body
+    top = encrypt_fields([{"tax": "1"}, {"tax": "2"}], ["[].tax"], [], ring)
+    assert all(is_envelope(item["tax"]) for item in top)
+    assert decrypt_fields(top, None, ring) == [{"tax": "1"}, {"tax": "2"}]
+    assert Matcher("items[].card", "4242", ring).matches(sealed)
+    assert not Matcher("items[].card", "4243", ring).matches(sealed)
 
 
 def test_only_the_objects_on_the_way_are_copied(ring) -> None:
@@ -237,7 +275,7 @@ def test_an_unknown_key_id_names_the_ids_the_ring_has(ring) -> None:
     assert ring.current_id in str(caught.value)
 
 
-@pytest.mark.parametrize("target", ["customer.name", "other", "items.0"])
+@pytest.mark.parametrize("target", ["customer.name", "other", "items[]"])
 def test_an_envelope_moved_to_another_field_fails(ring, target) -> None:
     body = _sealed(ring)
     envelope = body.pop("tax_id")
