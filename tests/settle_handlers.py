@@ -6,6 +6,7 @@ read them with tests.consumer_harness.effects/events.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -14,7 +15,7 @@ from pydantic import BaseModel, field_validator
 import rmqkit
 from tests.handlers import handle, record
 
-__all__ = ["by_model", "handle", "unprintable_error"]
+__all__ = ["FAULT", "by_model", "handle", "stubborn", "unprintable_error"]
 
 
 class Job(BaseModel):
@@ -38,6 +39,23 @@ async def by_model(job: Job) -> None:
     record(job.id, 1, "effect")
 
 
+async def stubborn(message: rmqkit.Message) -> None:
+    """``handle``, but a body with ``"stubborn": seconds`` sleeps that long and ignores the
+    handler timeout's cancellation (the delivery stays undecided meanwhile)."""
+    order: dict[str, Any] = message.json()
+    if order.get("stubborn"):
+        record(message.message_id, message.attempt, "attempt")
+        deadline = asyncio.get_running_loop().time() + float(order["stubborn"])
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                await asyncio.sleep(left)
+            except asyncio.CancelledError:
+                continue  # ignores the cancellation and runs on
+        record(message.message_id, message.attempt, "effect")
+        return
+    await handle(message)
+
+
 class _Unprintable(Exception):
     def __str__(self) -> str:
         raise RuntimeError("this error cannot be printed")
@@ -51,3 +69,36 @@ async def unprintable_error(message: rmqkit.Message) -> None:
         record(message.message_id, message.attempt, "attempt")
         raise _Unprintable()
     await handle(message)
+
+
+# --- faults injected into rmqkit's own per-message path ------------------------------------------
+# A delivery whose header FAULT names a fault makes rmqkit's code (not the handler) fail on it:
+#   "route": the dispatcher raises before the handler runs;
+#   "copy": every copy that carries the delivery's headers cannot be encoded;
+#   "always": no copy of it can be encoded at all (not even one without its headers).
+FAULT = "test-fault"
+UNWRITABLE = 2**64  # no AMQP integer type holds it: encoding the copy's headers fails
+
+
+def _install_faults() -> None:
+    from rmqkit.consumer import copies, dispatch
+
+    route = dispatch.delivered_route
+    copy_properties = copies.copy_properties
+
+    def faulty_route(exchange: str, routing_key: str, headers: Any) -> tuple[str, str]:
+        if (headers or {}).get(FAULT) == "route":
+            raise RuntimeError("injected fault in the dispatcher")
+        return route(exchange, routing_key, headers)
+
+    def faulty_copy(original: Any, headers: Any) -> Any:
+        fault = (original.headers or {}).get(FAULT)
+        if (fault == "copy" and headers.get(FAULT) == "copy") or fault == "always":
+            headers = {**headers, "unwritable": UNWRITABLE}
+        return copy_properties(original, headers)
+
+    dispatch.delivered_route = faulty_route  # type: ignore[assignment]
+    copies.copy_properties = faulty_copy  # type: ignore[assignment]
+
+
+_install_faults()

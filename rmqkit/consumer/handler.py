@@ -86,6 +86,12 @@ async def run_handler(
             return Undecodable(_validation_detail(exc, handler.input_type))
         except DecodeError as exc:
             return Undecodable(str(exc))
+        except RecursionError as exc:
+            # A body (or a JSON string the model parses) nested deeper than Python recurses:
+            # the same body fails the same way every time, so it is poison, not transient.
+            return _undecodable(exc, "the body is nested too deeply to decode")
+        except Exception as exc:  # a model's validator raising something of its own
+            return _classify(exc, permanent_types)
 
     if timeout_s is None:
         try:

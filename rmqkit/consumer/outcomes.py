@@ -55,9 +55,13 @@ class Failed:
     def from_exception(
         cls, exc: BaseException, *, permanent: bool = False, retry_delay_s: float | None = None
     ) -> Failed:
+        try:
+            message = str(exc)
+        except Exception:  # an exception whose __str__ raises is still a failure, not a crash
+            message = f"<str() of the {type(exc).__name__} failed>"
         return cls(
             exc_type=qualified_type_name(type(exc)),
-            exc_message=str(exc),
+            exc_message=message,
             exception=exc,
             permanent=permanent,
             retry_delay_s=retry_delay_s,

@@ -170,3 +170,34 @@ def test_a_slow_message_holds_one_slot_not_the_window(
     assert wait_until(lambda: _settled(jobs_vhost, ledger, [slow, *fast], 0), 20)
     assert consumer.stop() == 0, consumer.output()
     _check_handled_once(ledger, [slow, *fast])
+
+
+def test_the_watchdog_names_a_delivery_unsettled_past_the_handler_timeout(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """A handler that ignores its timeout's cancellation and runs 6 s past a 1 s timeout: the
+    log names the delivery (message id, queue, tag, age) while it is unsettled; it is acked
+    when the handler finally returns (late, but done), and the messages beside it go on."""
+    (stuck,) = _ids(1, "stuck")
+    ordinary = _ids(20)
+    messages = [(stuck, body(id=stuck, stubborn=6)), *[(m, body(id=m)) for m in ordinary]]
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", messages)
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(
+        jobs_vhost,
+        ledger,
+        "--prefetch",
+        "5",
+        "--handler-timeout",
+        "1s",
+        handler="tests.settle_handlers:stubborn",
+    )
+    consumers.append(consumer)
+    named = f"(message_id {stuck}) from {WORK} unsettled for"
+    assert wait_until(lambda: named in consumer.output(), 20), consumer.output()
+    assert stuck not in effects(ledger)  # named while it was still running
+    assert wait_until(lambda: _settled(jobs_vhost, ledger, [stuck, *ordinary], 0), 20)
+    assert consumer.stop() == 0, consumer.output()
+    _check_handled_once(ledger, [stuck, *ordinary])
+    line = next(x for x in consumer.output().splitlines() if named in x)
+    assert "delivery 1 " in line and "past the handler timeout" in line, line

@@ -957,3 +957,78 @@ def test_the_delay_ladders_header_names_are_listed_in_headers() -> None:
         ladder.UNITS,
     )
     assert {h.DELAY_TOP, h.DELAY_EXCHANGE, h.DELAY_MS} <= h.ALL_HEADERS
+
+
+# --- counts at the edge of what a header holds, internal errors ------------------------------
+
+
+def test_counts_of_2_63_minus_1_are_capped_so_the_copy_can_be_written() -> None:
+    top = h.COUNT_MAX
+    death = {"queue": "orders.work", "reason": "rejected", "count": top}
+    for headers in ({h.ATTEMPT: top}, {"x-death": [death]}, {h.ATTEMPT: top, "x-death": [death]}):
+        assert attempt_number(headers, "orders.work") == top
+        parked = run(TRANSIENT, {**headers, "x-delivery-count": top})
+        assert isinstance(parked, Park) and parked.reason == h.ParkingReason.EXHAUSTED
+        assert parked.headers[h.ATTEMPT] == top
+        pamqp_encode.table_integer(parked.headers[h.ATTEMPT])  # writable as AMQP 'l'
+    assert delivery_count({"x-delivery-count": top}) == top
+    huge = decide(
+        TRANSIENT,
+        {},
+        POLICY,
+        exchange="",
+        routing_key="",
+        now=NOW,
+        host="h",
+        pid=1,
+        delivered=top + 5,
+    )
+    assert huge.headers[h.DELIVERED] == top  # type: ignore[union-attr]
+    assert attempt_number({h.ATTEMPT: "9" * 5000}, "orders.work") == 1  # not a count
+
+
+def test_internal_error_park_keeps_the_headers_it_can_and_never_raises() -> None:
+    from rmqkit.consumer.decision import internal_error_park
+
+    kwargs: dict[str, Any] = {
+        "exchange": "orders",
+        "routing_key": "orders.created",
+        "now": NOW,
+        "host": "worker-1",
+        "pid": 4242,
+    }
+    parked = internal_error_park(
+        "TypeError", "bad", "Traceback...", {"app": "x", h.ATTEMPT: 2}, POLICY, **kwargs
+    )
+    assert parked.reason == h.ParkingReason.INTERNAL_ERROR
+    assert parked.headers[h.PARK_REASON] == "internal_error"
+    assert (parked.headers["app"], parked.headers[h.ATTEMPT]) == ("x", 3)
+    assert parked.headers[h.TRACEBACK] == "Traceback..."
+    bare = internal_error_park("TypeError", "bad", "tb", None, POLICY, **kwargs)
+    assert bare.headers[h.ORIGIN_QUEUE] == "orders.work" and "app" not in bare.headers
+    assert bare.headers[h.ORIGINAL_EXCHANGE] == "orders"
+
+
+@settings(max_examples=200)
+@given(
+    st.dictionaries(
+        st.sampled_from([*sorted(h.ALL_HEADERS), "x-death", "x-delivery-count", "app"]),
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers()
+            | st.floats(allow_nan=True)
+            | st.text()
+            | st.binary(),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+            ),
+            max_leaves=10,
+        ),
+    )
+)
+def test_decide_never_raises_whatever_the_headers_hold(headers: dict[str, Any]) -> None:
+    decision = run(TRANSIENT, headers)
+    assert isinstance(decision, Retry | Park)
+    assert 1 <= decision.headers[h.ATTEMPT] <= h.COUNT_MAX

@@ -898,3 +898,61 @@ def test_a_call_past_its_timeout_is_stuck_until_it_ends_and_spares_serve_the_res
     assert healthy == Success()  # the spare thread ran it at once
     assert changes == [1, 0]
     assert threads.busy == 0 and not threads.exhausted
+
+
+# --- building the argument fails in ways that are not a ValidationError ---------------------
+
+
+def _converting(convert: Any) -> LoadedHandler:
+    async def target(argument: Any) -> None:
+        return None
+
+    return LoadedHandler(
+        spec="t:f",
+        target=target,
+        is_async=True,
+        parameter="m",
+        input=HandlerInput.MODEL,
+        convert=convert,
+    )
+
+
+def test_a_body_nested_too_deeply_for_the_model_is_undecodable() -> None:
+    """A RecursionError while building the argument is poison, not an escape (before, it left
+    run_handler and the delivery unsettled)."""
+    import json
+
+    def convert(message: Message) -> Any:
+        return json.loads(message.body)
+
+    outcome = run(_converting(convert), Message(b"[" * 100_000 + b"]" * 100_000))
+    assert isinstance(outcome, Undecodable)
+    assert outcome.exc_type == "RecursionError"
+    assert "nested too deeply" in outcome.detail
+
+
+def test_a_validator_raising_its_own_error_is_a_handler_failure() -> None:
+    def convert(message: Message) -> Any:
+        raise LookupError("no such customer")
+
+    outcome = run(_converting(convert), Message(b"{}"))
+    assert isinstance(outcome, Failed) and outcome.exc_type == "LookupError"
+    listed = run(_converting(convert), Message(b"{}"), permanent_types=frozenset({"LookupError"}))
+    assert isinstance(listed, Failed) and listed.permanent
+
+
+def test_an_error_whose_str_raises_is_still_an_outcome() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("cannot print")
+
+    async def target(message: Message) -> None:
+        raise Unprintable()
+
+    handler = LoadedHandler(
+        spec="t:f", target=target, is_async=True, parameter="m", input=HandlerInput.MESSAGE
+    )
+    outcome = run(handler, Message(b""))
+    assert isinstance(outcome, Failed)
+    assert outcome.exc_message == "<str() of the Unprintable failed>"
+    assert "Unprintable" in outcome.traceback_text()
