@@ -64,6 +64,12 @@ def relay_cmd(
         "--notify/--no-notify",
         help="PostgreSQL: wake on LISTEN/NOTIFY (off: poll only, e.g. behind PgBouncer).",
     ),
+    grace: str = typer.Option(
+        "10s",
+        "--grace",
+        help="How long SIGTERM waits for the batch in flight (a broker that blocks publishing); "
+        "then the relay exits, the rows not confirmed by then left pending.",
+    ),
     topology: str | None = typer.Option(
         None,
         "--topology",
@@ -72,8 +78,9 @@ def relay_cmd(
     ),
 ) -> None:
     """Publish pending outbox rows with confirms, then mark them published (runs until SIGTERM,
-    which finishes the batch in flight). Exit codes: 0 ok, 3 rows left pending (--once),
-    69 broker or database unreachable, 78 bad DSN or no table.
+    which lets the batch in flight finish within --grace). Exit codes: 0 ok, 3 rows left
+    pending (--once), 69 broker or database unreachable (at start: restart it from your
+    supervisor; once running, lost connections are retried), 78 bad DSN or no table.
 
     A row written with delay= goes through the delay ladder (declared on first use), the time it
     spent in the table deducted; --topology adds lanes and work queues' default delays."""
@@ -94,6 +101,7 @@ def relay_cmd(
         pipelined=order == "pipelined",
         listen=notify,
         topology=topology,
+        grace_s=seconds(grace, "--grace"),
     )
     report = run_async(run_relay(settings_from(ctx), options))
     left = f"; left pending {report.left_pending}" if once else ""

@@ -23,8 +23,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from rmqkit.broker.codec.properties import TypedProperties
@@ -56,8 +56,14 @@ class Row:
     aggregate: str | None
     attempts: int
     delay_ms: int | None = None  # add(delay=...): None = the work queue's default, if any
-    age_ms: float = 0.0  # how long the row has waited in the table (deducted from the delay)
+    age_ms: float = 0.0  # how long the row had waited in the table when it was claimed
     routing_problem: str | None = None  # set by the relay's Edge: why it cannot be routed
+    # Set by the relay's Edge for a row that goes through the delay ladder: exchange and
+    # routing_key are then its target (after its lane), and the ladder's entry and headers are
+    # planned only as it is sent (``rmqkit.outbox.rows.plan_at_publish``), with the delay left
+    # at that moment.
+    ladder_target: tuple[str, str] | None = None
+    claimed_at: float = field(default_factory=time.monotonic)  # when age_ms was read
 
     @classmethod
     def of(cls, values: Sequence[Any]) -> Row:
@@ -77,6 +83,11 @@ class Row:
             delay_ms,
             float(age or 0.0),
         )
+
+    def waited_ms(self) -> float:
+        """How long the row has waited since it was written, now (its age at the claim plus
+        the time since)."""
+        return self.age_ms + (time.monotonic() - self.claimed_at) * 1000.0
 
     @property
     def problem(self) -> str | None:
@@ -160,14 +171,25 @@ class Broker:
         return exists
 
     async def publish_in_order(
-        self, rows: Sequence[Row], *, pipelined: bool = False
+        self,
+        rows: Sequence[Row],
+        *,
+        pipelined: bool = False,
+        prepare: Callable[[Row], Row] | None = None,
+        results: list[Outcome | str | None] | None = None,
     ) -> list[Outcome | str | None]:
         """Publish ``rows`` in waves (module docstring): each one's Outcome, the error that
         failed it, or None for a row not sent because an earlier row of its aggregate failed
         in this batch (or the connection was lost before its wave). ``pipelined``: one wave
         for the whole batch (``--order pipelined``: faster for a hot aggregate, but rows of
-        the batch behind a failed row of their aggregate go out ahead of its retry)."""
-        results: list[Outcome | str | None] = [None] * len(rows)
+        the batch behind a failed row of their aggregate go out ahead of its retry).
+
+        ``prepare``: applied to each row just before it is sent (the relay plans a delayed
+        row's ladder headers there, with the delay it has left then). ``results``: filled in
+        place as confirms arrive, so a caller that cancels the call (a stop whose grace ran
+        out) still knows which rows were confirmed; the rows not settled stay None."""
+        if results is None:
+            results = [None] * len(rows)
         waves: list[list[int]] = []
         depth: dict[str, int] = {}
         for i, row in enumerate(rows):
@@ -183,25 +205,35 @@ class Broker:
             if self.lost:
                 break
             go: list[int] = []
+            ready: list[Row] = []
             try:
                 for i in [i for i in wave if rows[i].aggregate not in failed]:
-                    row = rows[i]
+                    row = prepare(rows[i]) if prepare is not None else rows[i]
                     problem = row.problem
                     if problem is None and not await self.exchange_exists(row.exchange):
                         problem = f"exchange {row.exchange!r} does not exist"
                     if problem is None:
                         go.append(i)
+                        ready.append(row)
                     else:
                         results[i] = problem
-                outcomes = await self.publish([rows[i] for i in go]) if go else []
+                settled = await self._send(ready) if go else []
             except BrokerUnavailable:
                 # Lost before this wave went out: the earlier waves' confirmed rows are still
                 # marked (the relay reconnects after the marks); this wave's rows stay untouched.
                 for i in wave:
                     results[i] = None
                 break
-            for i, outcome in zip(go, outcomes, strict=True):
-                results[i] = outcome
+            futures = [f for f in settled if not isinstance(f, str)]
+            try:
+                if futures:
+                    await asyncio.wait(futures)
+            finally:
+                # Cancelled (the relay's grace ran out): what was confirmed so far is kept.
+                for i, item in zip(go, settled, strict=True):
+                    if isinstance(item, str) or item.done():
+                        results[i] = _outcome(item)
+            outcomes = [results[i] for i in go]
             if any(isinstance(o, str) for o in outcomes):
                 # The channel failed (a 404 closes it: an exchange deleted since it was checked):
                 # check every exchange again rather than close the next channel the same way.
@@ -219,6 +251,15 @@ class Broker:
 
         Everything is sent before anything is awaited, so a batch costs one round trip.
         """
+        settled = await self._send(rows)
+        futures = [f for f in settled if not isinstance(f, str)]
+        if futures:
+            await asyncio.wait(futures)
+        return [_outcome(f) for f in settled]
+
+    async def _send(self, rows: Sequence[Row]) -> list[asyncio.Future[Outcome] | str]:
+        """Send ``rows``, awaiting nothing but the channel: each one's confirm future, or the
+        error that kept it from being sent."""
         if self._channel is None or self._channel.is_closed:
             if self.lost:
                 raise BrokerUnavailable("the broker connection was lost")
@@ -261,10 +302,7 @@ class Broker:
                 # The codec refused a value: raised before the publish had a confirm number,
                 # so the channel is intact and only this row fails (never the relay).
                 settled.append(f"cannot be encoded as AMQP: {exc}")
-        futures = [f for f in settled if not isinstance(f, str)]
-        if futures:
-            await asyncio.wait(futures)
-        return [_outcome(f) for f in settled]
+        return settled
 
 
 def _outcome(settled: asyncio.Future[Outcome] | str) -> Outcome | str:

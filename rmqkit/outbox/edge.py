@@ -313,13 +313,18 @@ class Edge:
         )
 
     async def declare(
-        self, session: Session, routed: Iterable[Routed]
+        self, session: Session, routed: Iterable[Routed], *, again: bool = False
     ) -> dict[tuple[str, str], DataError]:
         """Declare the ladder and the exits the ``routed`` messages need, each once per Edge
-        (idempotent on the broker; the cache saves the round trips). Returns the exits that
-        could not be declared (their target exchange or queue is missing: 65) with the error,
-        so only the messages for them fail; a ladder that cannot be declared raises."""
-        targets = {r.target for r in routed if r.target is not None} - self._exits
+        (idempotent on the broker; the cache saves the round trips). ``again``: declare the
+        exits even if this Edge declared them before (a long-running relay: an exit is a
+        binding, gone with its target when that is deleted, even if it is declared again).
+        Returns the exits that could not be declared (their target exchange or queue is
+        missing: 65) with the error, so only the messages for them fail; a ladder that cannot
+        be declared raises."""
+        targets = {r.target for r in routed if r.target is not None}
+        if not again:
+            targets -= self._exits
         failed: dict[tuple[str, str], DataError] = {}
         if not targets:
             return failed
@@ -331,6 +336,14 @@ class Edge:
                 await declare_target(session, self.ladder, *target)
             except DataError as exc:
                 failed[target] = exc
+                self._exits.discard(target)
             else:
                 self._exits.add(target)
+        if failed and not await session.exchange_exists(self.ladder.out):
+            self.forget_ladder()  # the ladder itself was deleted: declare it again next time
         return failed
+
+    def forget_ladder(self) -> None:
+        """Declare the ladder again before the next delayed message (it was found missing or
+        in conflict: deleted by hand, or a rung redeclared)."""
+        self._declared_ladder = False

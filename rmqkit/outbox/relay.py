@@ -9,7 +9,12 @@ A returned, nacked or otherwise failed row stays pending with ``attempts`` + 1, 
 ``last_error``, and a back-off (1 s doubling to 5 min, jittered) before it is due again; rows of
 its aggregate behind it wait with it, including those of the same batch: they are not sent
 (``Broker.publish_in_order``). ``--once`` tries each pending row once and reports what is
-left. SIGTERM lets the batch in flight finish (published rows are marked) and returns.
+left. SIGTERM lets the batch in flight finish (published rows are marked) and returns; work
+that outlasts ``grace_s`` after the signal (a broker that blocks publishing, a connection that
+hangs) is abandoned: the rows confirmed by then are marked, the others stay pending untouched.
+
+A relay that cannot reach its broker or database when it starts exits with 69 (a supervisor
+restarts it); once it has run, a lost connection is retried with back-off.
 
 Test-only hook, read by nothing else: ``RMQKIT_OUTBOX_TEST_PAUSE_BEFORE_MARK=<seconds>`` makes the
 relay sleep between the confirms of a batch and its marks, after touching the file named by
@@ -38,8 +43,9 @@ from rmqkit.outbox.amqp import Broker, Row
 from rmqkit.outbox.edge import Edge, Encryptor
 from rmqkit.outbox.metrics import RelayMetrics
 from rmqkit.outbox.queries import RETENTION_CHUNK, ids_in, queries_for
-from rmqkit.outbox.rows import route_rows
-from rmqkit.outbox.schema import CHANNEL, TABLE
+from rmqkit.outbox.rows import planner, route_rows
+from rmqkit.outbox.schema import CHANNEL, REQUIRED_COLUMNS, TABLE, probe_sql, shape_error
+from rmqkit.outbox.stopping import GraceOver, Stopping
 from rmqkit.settings import Settings
 from rmqkit.store import AsyncConnection, Store, map_db_error, open_connection_async
 from rmqkit.store import transaction_async as db_transaction
@@ -50,6 +56,7 @@ BACKOFF_MAX_S: Final = 300.0
 RETENTION_EVERY_S: Final = 60.0
 GAUGES_EVERY_S: Final = 2.0
 RECONNECT_MAX_S: Final = 30.0
+CLOSE_TIMEOUT_S: Final = 5.0  # a blocked broker never answers connection.close
 _PAUSE_ENV: Final = "RMQKIT_OUTBOX_TEST_PAUSE_BEFORE_MARK"
 _PAUSE_FILE_ENV: Final = "RMQKIT_OUTBOX_TEST_PAUSE_FILE"
 
@@ -68,6 +75,7 @@ class RelayOptions:
     listen: bool = True  # PostgreSQL: LISTEN for commits (off: poll only, e.g. behind PgBouncer)
     pipelined: bool = False  # --order pipelined: a batch's rows of one aggregate in one round trip
     topology: str | None = None  # --topology: lanes and default delays (docs/outbox.md)
+    grace_s: float = 10.0  # --grace: how long SIGTERM waits for the batch in flight
 
 
 @dataclass
@@ -106,8 +114,9 @@ class Relay:
         self.broker = Broker(settings, window=max(options.batch, 1), name="rmqkit outbox relay")
         self.metrics = RelayMetrics()
         self.report = RelayReport()
-        self.stop = asyncio.Event()
+        self.stop = Stopping(options.grace_s)
         self._conn: AsyncConnection | None = None
+        self._routed: list[Row] | None = None  # the batch in flight, as routed
         self._listener: Any = None
         self._next_retention = 0.0
         self._next_gauges = 0.0
@@ -117,12 +126,15 @@ class Relay:
         """Relay until stopped (SIGTERM) or, with ``once``, until nothing is due."""
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGTERM, self.stop.set)
+            loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         if self.options.metrics_port is not None:
             self.metrics.serve(self.options.metrics_port)
         try:
             if self.options.once:
-                await self._connect()
+                try:
+                    await self.stop.guarded(self._connect())
+                except GraceOver:
+                    return self.report
                 await self._once()
             else:
                 await self._forever()
@@ -131,6 +143,10 @@ class Relay:
                 loop.remove_signal_handler(signal.SIGTERM)
             await self._disconnect()
         return self.report
+
+    def request_stop(self) -> None:
+        """Stop (what SIGTERM does): the batch in flight gets ``grace_s`` to finish."""
+        self.stop.request()
 
     async def _connect(self) -> None:
         # The database first: a bad DSN or a missing table is a configuration error (78) that
@@ -143,7 +159,11 @@ class Relay:
         await self.broker.open()
 
     async def _disconnect(self) -> None:
-        await self.broker.close()
+        timeout = CLOSE_TIMEOUT_S
+        if self.stop.is_set():  # within what is left of the grace
+            timeout = min(timeout, max(0.5, self.stop.grace_left()))
+        with contextlib.suppress(TimeoutError):  # a blocked or silent broker: abandon it
+            await asyncio.wait_for(self.broker.close(), timeout)
         for conn in (self._conn, self._listener):
             if conn is not None:
                 with contextlib.suppress(Exception):
@@ -154,9 +174,14 @@ class Relay:
 
     async def _check_table(self) -> None:
         try:
-            await self._fetch(self.sql.max_id)
+            await self._fetch(probe_sql())
         except Exception as exc:
-            raise self._mapped(exc) from None
+            mapped = self._mapped(exc)
+            if not isinstance(mapped, ConfigError) and map_db_error(exc, self.store.dsn) is None:
+                # The table is there but not the one rmqkit reads: say which columns it lacks.
+                missing = [c for c in REQUIRED_COLUMNS if not await self._readable(c)]
+                mapped = shape_error(self.store.dsn, exc, missing)
+            raise mapped from None
         try:
             await self._fetch(self.sql.has_delay)
         except Exception:
@@ -169,16 +194,29 @@ class Relay:
             )
             self.sql = queries_for(self.store.dialect, delay_column=False)
 
+    async def _readable(self, column: str) -> bool:
+        try:
+            await self._fetch(probe_sql((column,)))
+        except Exception:
+            return False
+        return True
+
     async def _forever(self) -> None:
         delay = 1.0
+        started = False
         while not self.stop.is_set():
             try:
-                await self._connect()
+                await self.stop.guarded(self._connect())
+                started = True
                 delay = 1.0
                 await self._serve()
+            except GraceOver:
+                log.warning("outbox relay: stopped while connecting (grace over)")
+                return
             except Exception as exc:
                 error = self._mapped(exc)
-                if isinstance(error, ConfigError) or not _is_unavailable(error):
+                if isinstance(error, ConfigError) or not _is_unavailable(error) or not started:
+                    # At start, unreachable is an exit (69) for the supervisor to restart.
                     raise error from exc
                 log.warning("outbox relay: %s; reconnecting in %.0f s", error, delay)
                 await self._disconnect()
@@ -191,10 +229,7 @@ class Relay:
         text = str(exc)
         if TABLE in text and ("does not exist" in text or "no such table" in text):
             # At start, or dropped under a running relay (a migration rolled back): 78, one line.
-            return ConfigError(
-                f"{self.store.dsn.masked} has no table {TABLE} — create it with "
-                f"`rmqkit outbox init --dsn ...` (or your migrations, docs/outbox.md)"
-            )
+            return shape_error(self.store.dsn, exc, [])
         mapped = map_db_error(exc, self.store.dsn)
         if mapped is not None:
             return mapped
@@ -265,13 +300,21 @@ class Relay:
             rows = [Row.of(v) for v in found]
             if not rows:
                 return 0
-            rows = await route_rows(self.edge, self.guard, self.broker.session, rows)
             log.debug("claimed %d rows, ids %d..%d", len(rows), rows[0].id, rows[-1].id)
             renewing = None if self.pg else asyncio.create_task(self._keep_lease())
+            outcomes: list[Outcome | str | None] = [None] * len(rows)
             try:
-                outcomes = await self.broker.publish_in_order(
-                    rows, pipelined=self.options.pipelined
-                )
+                try:
+                    rows = await self.stop.guarded(self._publish(rows, outcomes))
+                except GraceOver:
+                    left = sum(o is None for o in outcomes)
+                    log.warning(
+                        "outbox relay: stopped %.0f s after the signal with %d row(s) of the "
+                        "batch unconfirmed; they stay pending",
+                        self.options.grace_s,
+                        left,
+                    )
+                    rows = self._routed or rows
                 await _test_pause()
             finally:
                 if renewing is not None:
@@ -284,6 +327,16 @@ class Relay:
             raise BrokerUnavailable("the broker connection was lost during a batch")
         return len(rows)
 
+    async def _publish(self, rows: list[Row], outcomes: list[Outcome | str | None]) -> list[Row]:
+        """Route and publish one batch, ``outcomes`` filled in place; the routed rows."""
+        self._routed = None
+        routed = await route_rows(self.edge, self.guard, self.broker.session, rows)
+        self._routed = routed
+        await self.broker.publish_in_order(
+            routed, pipelined=self.options.pipelined, prepare=planner(self.edge), results=outcomes
+        )
+        return routed
+
     async def _mark(self, rows: Sequence[Row], outcomes: Sequence[Outcome | str | None]) -> None:
         """Confirmed rows published; failed rows back off; rows not sent (None) untouched."""
         assert self._conn is not None
@@ -293,6 +346,8 @@ class Relay:
             if outcome is Outcome.CONFIRMED or outcome is None:
                 continue
             error = _describe(row, outcome)
+            if row.ladder_target is not None and row.routing_problem is None:
+                self.edge.forget_ladder()  # missing or broken: declared again next time
             self._count_failure(outcome)
             if len(self.report.errors) < 100:
                 self.report.errors[row.message_id] = error
@@ -367,6 +422,8 @@ class Relay:
 
 
 def _describe(row: Row, outcome: Outcome | str) -> str:
+    if outcome is Outcome.RETURNED and row.ladder_target is not None:
+        return "returned: the delay ladder's entry routed it to no rung (the ladder was deleted?)"
     if outcome is Outcome.RETURNED:
         return (
             f"returned: no queue is bound to exchange {row.exchange!r} for routing key "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from rmqkit.errors import ConfigError
 from rmqkit.store import Dialect, Dsn, connect, transaction
 
 TABLE: Final = "rmqkit_outbox"
@@ -106,3 +107,71 @@ def init(dsn: str | Dsn) -> list[str]:
                 conn.execute(statement)
             statements += added
     return statements
+
+
+REQUIRED_COLUMNS: Final = (
+    "id",
+    "message_id",
+    "exchange",
+    "routing_key",
+    "body",
+    "headers",
+    "content_type",
+    "aggregate",
+    "created_at",
+    "attempts",
+    "next_attempt_at",
+    "last_attempt_at",
+    "last_error",
+    "published_at",
+)
+"""The columns the relay and ``status`` read (``delay_ms`` is optional: see ADDED_COLUMNS)."""
+
+INIT_HINT: Final = "run `rmqkit outbox init --dsn ...` (or your migrations, docs/outbox.md)"
+
+
+def probe_sql(columns: tuple[str, ...] = REQUIRED_COLUMNS) -> str:
+    """A statement that reads no row and fails unless the table has ``columns``."""
+    return f"SELECT {', '.join(columns)} FROM {TABLE} WHERE 1 = 0"
+
+
+def is_missing_table(exc: BaseException) -> bool:
+    """Whether ``exc`` (from a statement on the outbox table) says the table does not exist."""
+    text = str(exc)
+    return TABLE in text and ("does not exist" in text or "no such table" in text)
+
+
+def shape_error(dsn: Dsn, exc: BaseException, missing: list[str]) -> ConfigError:
+    """The one-line error (78) for an outbox table that is absent or lacks ``missing``."""
+    if is_missing_table(exc) or not missing:
+        if not is_missing_table(exc):
+            return ConfigError(
+                f"{dsn.masked}: table {TABLE} cannot be read "
+                f"({(str(exc).strip().splitlines() or ['?'])[0]}) — {INIT_HINT}"
+            )
+        return ConfigError(f"{dsn.masked} has no table {TABLE} — {INIT_HINT}")
+    return ConfigError(
+        f"{dsn.masked}: table {TABLE} has no column(s) {', '.join(missing)} (not the outbox "
+        f"table rmqkit expects) — {INIT_HINT}, or migrate it to docs/outbox.md's schema"
+    )
+
+
+def check_shape(conn: Any, dsn: Dsn) -> None:
+    """ConfigError (78) unless ``conn``'s outbox table exists with the columns rmqkit reads;
+    errors that mean "unreachable" are left to the caller's mapping. ``conn`` is a sync
+    connection in autocommit mode (a failed probe must not abort a transaction)."""
+    from rmqkit.store import map_db_error
+
+    try:
+        conn.execute(probe_sql()).fetchall()
+    except Exception as exc:
+        if map_db_error(exc, dsn) is not None:
+            raise
+        missing = []
+        if not is_missing_table(exc):
+            for column in REQUIRED_COLUMNS:
+                try:
+                    conn.execute(probe_sql((column,))).fetchall()
+                except Exception:
+                    missing.append(column)
+        raise shape_error(dsn, exc, missing) from None

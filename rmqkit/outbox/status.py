@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rmqkit.outbox.queries import FAILING_SHOWN, queries_for
+from rmqkit.outbox.schema import check_shape
 from rmqkit.store import Dsn, Store
 
 OK, WARNING, CRITICAL = 0, 1, 2
@@ -49,10 +50,13 @@ class OutboxStatus:
 def outbox_status(
     dsn: str | Dsn, *, max_pending: int | None = None, max_age_s: float | None = None
 ) -> OutboxStatus:
-    """Read the state of the outbox at ``dsn`` and grade it against the limits."""
+    """Read the state of the outbox at ``dsn`` and grade it against the limits. A database
+    without the outbox table, or with a table of another shape, is a ConfigError (78), not a
+    check result: monitoring reads 1 and 2 as the outbox's state."""
     store = Store(dsn)
     sql = queries_for(store.dialect)
     with store.connect() as conn:
+        check_shape(conn, store.dsn)
         count, oldest, now = conn.execute(sql.pending).fetchone()  # type: ignore[misc]
         (last_hour,) = conn.execute(sql.published_since, (3600.0,)).fetchone()  # type: ignore[misc]
         (failing,) = conn.execute(sql.failing_count).fetchone()  # type: ignore[misc]

@@ -38,11 +38,20 @@ class Scripted(Broker):
     async def exchange_exists(self, exchange: str) -> bool:
         return exchange != "missing"
 
-    async def publish(self, rows: Sequence[Row]) -> list[Outcome | str]:
+    async def _send(self, rows: Sequence[Row]) -> list[asyncio.Future[Outcome] | str]:
         if self.lose_at_wave == len(self.waves):
             raise BrokerUnavailable("the broker connection was lost")
         self.waves.append([r.message_id for r in rows])
-        return [self.fail.get(r.message_id, Outcome.CONFIRMED) for r in rows]
+        settled: list[asyncio.Future[Outcome] | str] = []
+        for row in rows:
+            outcome = self.fail.get(row.message_id, Outcome.CONFIRMED)
+            if isinstance(outcome, str):  # failed before it had a confirm
+                settled.append(outcome)
+                continue
+            future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+            future.set_result(outcome)
+            settled.append(future)
+        return settled
 
 
 def _row(n: int, mid: str, aggregate: str | None, exchange: str = "ev") -> Row:
