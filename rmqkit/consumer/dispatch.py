@@ -87,9 +87,12 @@ def _masked(outcome: Failed | Undecodable, keyring: KeyRing | None) -> Failed | 
 
 
 def _describe(exc: BaseException) -> str:
-    """``Type: message`` of an exception on one line (for a log line or a header)."""
-    # (Restored by helper D: an edit of _masked above removed C1's definition by mistake.)
-    text = " ".join(str(exc).split())
+    """``Type: message`` of an exception on one line (for a log line or a header), even when
+    its ``str()`` raises: this runs while settling a delivery rmqkit failed on."""
+    try:
+        text = " ".join(str(exc).split())
+    except Exception:
+        text = "<str() of the error failed>"
     name = qualified_type_name(type(exc))
     return f"{name}: {text[:500]}" if text else name
 
