@@ -117,9 +117,23 @@ def _warn(report: StatusReport, *, alarms: bool = True) -> None:
                 "queue is full): docs/delay.md",
                 highlight=False,
             )
-    if alarms:
+    if alarms:  # (the table shows these in its title)
+        for line in held_lines(report):
+            stderr.print(f"warning: {line}", highlight=False)
         for line in banner_lines(report):
             stderr.print(line, style="bold red", highlight=False)
+
+
+def held_lines(report: StatusReport) -> list[str]:
+    """One line per queue (a wait tier's slots together) holding dead letters that its target
+    has not taken: where they are, for whom, why, and where to read on."""
+    return [
+        f"{row.name}: {row.held_note} (not ready, no consumer sees them; `rmqkit doctor`, "
+        "docs/runbooks/queue-backing-up.md)"
+        for section in display_rows(report)
+        for row in section
+        if row.held and row.role != "delayed"
+    ]
 
 
 def banner_lines(report: StatusReport) -> list[str]:
@@ -144,6 +158,8 @@ class _Row:
     note: str
     leader: str = ""  # quorum queues: the leader's node ("none" without one)
     members: str = ""  # quorum queues: "3/3", "2/3 (offline: n)", "1/3 NO MAJORITY (…)"
+    held: int | None = None  # dead letters held for a target that has not taken them
+    held_note: str = ""  # "24 dead letters held for hb.work: hb.work full (…)"
 
 
 def _total(values: list[int | None]) -> int | None:
@@ -168,7 +184,10 @@ def display_rows(report: StatusReport) -> list[list[_Row]]:
     def flush_tiers() -> None:
         for tier, members in tiers.items():
             slots = len(members) - 1
-            notes = {m.note for m in members if m.note}
+            held, held_note = _held([m for m in members if m.role != "delay"])
+            notes = {m.note for m in members if m.note and not m.held_cause}
+            if held_note:
+                notes.add(held_note)
             if members[0].role == "delay":  # a delay ladder: one row, "delayed"
                 label = f"{tier} ({len(members)} rung{'s' if len(members) != 1 else ''})"
                 role = "delayed"
@@ -190,6 +209,8 @@ def display_rows(report: StatusReport) -> list[list[_Row]]:
                     None,
                     "; ".join(sorted(notes)),
                     *_quorum_cells(members),
+                    held=held,
+                    held_note=held_note,
                 )
             )
         tiers.clear()
@@ -217,12 +238,27 @@ def display_rows(report: StatusReport) -> list[list[_Row]]:
                 q.oldest_age_s,
                 q.note,
                 *_quorum_cells([q]),
+                held=q.dead_letter_held,
+                held_note=_held([q])[1],
             )
         )
     flush_tiers()
     if current:
         sections.append(current)
     return sections
+
+
+def _held(queues: list[QueueStatus]) -> tuple[int | None, str]:
+    """The dead letters a row's queues hold together, and one note saying for whom and why
+    (a tier's slots share their target, so their causes read alike)."""
+    total = _total([q.dead_letter_held for q in queues])
+    holding = [q for q in queues if q.dead_letter_held and q.held_cause]
+    if not holding:
+        return total, ""
+    targets = sorted({t for q in holding for t in q.held_for})
+    causes = sorted({q.held_cause for q in holding})
+    where = f" for {', '.join(targets)}" if targets else ""
+    return total, f"{total} dead letters held{where}: {'; '.join(causes)}"
 
 
 def _quorum_cells(queues: list[QueueStatus]) -> tuple[str, str]:
@@ -245,18 +281,26 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _cells(row: _Row, *, blank: str) -> tuple[str, ...]:
-    """A row's columns as text; ``blank`` stands for an empty note or a non-parking age."""
+def _cells(row: _Row, *, blank: str, short: bool = False) -> tuple[str, ...]:
+    """A row's columns as text; ``blank`` stands for an empty note or a non-parking age.
+    ``short`` (the terminal table): a held backlog's note names only its target; the
+    table's title says why and what to do."""
+    note = row.note
+    if short and row.held_note:
+        target = row.held_note.partition(" for ")[2].partition(":")[0]
+        brief = f"held for {target} (see above)" if target else "held (see above)"
+        note = note.replace(row.held_note, brief)
     return (
         row.name,
         row.role,
         _num(row.ready),
         _num(row.unacked),
         _num(row.consumers),
+        _num(row.held),
         _rate(row.publish_rate),
         _rate(row.deliver_rate),
         age_text(row.oldest_age_s) if row.role == "parking" else blank,
-        row.note or blank,
+        note or blank,
     )
 
 
@@ -270,6 +314,8 @@ def status_table(report: StatusReport, every_s: float | None = None) -> Renderab
         title += f" (every {every_s:g}s, Ctrl-C to stop)"
     for line in banner_lines(report):
         title += f"\n[bold red]{escape(line)}[/bold red]"
+    for line in held_lines(report):
+        title += f"\n[yellow]{escape(line)}[/yellow]"
     if report.delayed:
         title += f"\n{delayed_line(report)}"
     table = Table(title=title, title_justify="left")
@@ -279,6 +325,7 @@ def status_table(report: StatusReport, every_s: float | None = None) -> Renderab
         ("ready", "right"),
         ("unacked", "right"),
         ("consumers", "right"),
+        ("held", "right"),
         ("in/s", "right"),
         ("out/s", "right"),
         ("oldest", "right"),
@@ -292,7 +339,7 @@ def status_table(report: StatusReport, every_s: float | None = None) -> Renderab
         if index:
             table.add_section()
         for row in section:
-            table.add_row(*_cells(row, blank=""))
+            table.add_row(*_cells(row, blank="", short=True))
     if not report.rates_kept:
         table.caption = "the broker keeps no message rates: in/s and out/s are unknown"
     quorum = quorum_table(report)
@@ -327,7 +374,9 @@ def delayed_line(report: StatusReport) -> str:
 
 def _print_lines(report: StatusReport) -> None:
     """Piped: one tab-separated line per row, never wrapped."""
-    print("queue\trole\tready\tunacked\tconsumers\tin/s\tout/s\toldest\tnote\tleader\tmembers")
+    print(
+        "queue\trole\tready\tunacked\tconsumers\theld\tin/s\tout/s\toldest\tnote\tleader\tmembers"
+    )
     for section in display_rows(report):
         for row in section:
             quorum = (row.leader or "-", row.members or "-")

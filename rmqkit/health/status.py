@@ -18,6 +18,7 @@ from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.snapshot import QueueView, Snapshot, number, read_snapshot
 from rmqkit.errors import RmqkitError
 from rmqkit.health.alarms import NodeAlarm, node_alarms
+from rmqkit.health.backlog import HeldBacklog, held_backlog, held_count
 from rmqkit.health.delayed import DelayedView, find_ladders, ladder_target, rung_names
 from rmqkit.health.quorum import QuorumState, quorum_state
 from rmqkit.health.roles import Role, classify, flow_parent
@@ -51,6 +52,11 @@ class QueueStatus:
     note: str = ""
     delay_ms: int | None = None  # wait queues: the TTL in effect
     quorum: QuorumState | None = None  # quorum queues: leader and members, when the broker says
+    # Dead letters held for a target that has not taken them (messages_dlx; rmqkit.health.
+    # backlog): not ready, so a wait queue holding retries for a full work queue shows ready 0.
+    dead_letter_held: int | None = None
+    held_for: tuple[str, ...] = ()  # the queues they are dead-lettered to
+    held_cause: str = ""  # why they have not gone (e.g. "hb.work full (…)")
 
     @property
     def tier(self) -> str | None:
@@ -78,6 +84,8 @@ class QueueStatus:
             "oldest_age_s": self.oldest_age_s,
             "oldest_age_from": self.oldest_age_from,
             "delay_ms": self.delay_ms,
+            "dead_letter_held": self.dead_letter_held,
+            "dead_letter_held_for": list(self.held_for),
             "note": self.note,
             **(
                 self.quorum.as_dict()
@@ -129,6 +137,10 @@ class GroupStatus:
             "parked": _sum([q.messages for q in parking]),
             "parking": [q.name for q in parking],
             "parked_oldest_age_s": max(ages) if ages else None,
+            # dead letters its queues hold for a target that refuses them (work queue full)
+            "dead_letter_held": _sum(
+                [q.dead_letter_held for q in self.queues if q.role != "delay"]
+            ),
         }
 
 
@@ -190,8 +202,11 @@ def _head_age_s(queue: QueueView, now: datetime) -> float | None:
     return max(0.0, now.timestamp() - stamp)
 
 
-def queue_status(queue: QueueView, role: Role, owner: str, now: datetime) -> QueueStatus:
-    """The status row of one live queue."""
+def queue_status(
+    queue: QueueView, role: Role, owner: str, now: datetime, backlog: HeldBacklog | None = None
+) -> QueueStatus:
+    """The status row of one live queue; ``backlog``: the dead letters it holds, if any
+    (``rmqkit.health.backlog.held_backlog``), said in its note."""
     age = _head_age_s(queue, now) if role == "parking" else None
     ttl = queue.settings.get("message-ttl")
     return QueueStatus(
@@ -210,6 +225,10 @@ def queue_status(queue: QueueView, role: Role, owner: str, now: datetime) -> Que
         oldest_age_from="head timestamp" if age is not None else None,
         delay_ms=int(ttl) if role == "wait" and isinstance(ttl, int) else None,
         quorum=quorum_state(queue),
+        dead_letter_held=held_count(queue),
+        held_for=tuple(backlog.target_names) if backlog is not None else (),
+        held_cause=backlog.cause() if backlog is not None else "",
+        note=backlog.note() if backlog is not None else "",
     )
 
 
@@ -247,7 +266,8 @@ def build_status(
                     )
                 )
             else:
-                rows.append(queue_status(live, spec.role, known[spec.name][1], now))
+                backlog = held_backlog(snapshot, live, known)
+                rows.append(queue_status(live, spec.role, known[spec.name][1], now, backlog))
         # The delay ladders on the vhost, whether the file declares them or not: a message
         # in a rung is delayed, not lost in an unknown queue.
         for name, base in sorted(rungs.items()):
@@ -263,7 +283,8 @@ def build_status(
         }
         for name, queue in sorted(snapshot.queues.items()):
             role, owner = known[name]
-            rows.append(queue_status(queue, role, owner, now))
+            backlog = held_backlog(snapshot, queue, roles) if role != "delay" else None
+            rows.append(queue_status(queue, role, owner, now, backlog))
     groups: dict[str, list[QueueStatus]] = {}
     for row in rows:
         groups.setdefault(row.owner, []).append(row)

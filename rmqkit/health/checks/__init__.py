@@ -9,13 +9,15 @@ This package owns the checklist: ``CHECKS``, in the order doctor reports them, i
 registry. The checks live by what they look at: ``dead_letters`` (where rejected messages go),
 ``lanes`` (parking and work queue bounds), ``traffic`` (messages at risk in flight),
 ``config`` (policies, timeouts, the topology file), ``cluster`` (the nodes: alarms, quorum
-queue members) and ``delayed`` (delay ladders);
+queue members), ``delayed`` (delay ladders) and ``backlog`` (dead letters held for a target
+that has not taken them);
 ``common`` holds what they share.
 ``DEDUPE_CHECK`` (``dedupe``) runs only when doctor is given an idempotent-consumer store.
 """
 
 from __future__ import annotations
 
+from rmqkit.health.checks.backlog import dead_letter_backlog_held
 from rmqkit.health.checks.cluster import broker_alarm, quorum_members
 from rmqkit.health.checks.config import (
     PER_QUEUE_CONSUMER_TIMEOUT_SINCE,
@@ -70,6 +72,11 @@ CHECKS: tuple[Check, ...] = (
         growing_without_consumers,
     ),
     Check("delayed-stuck", "delayed messages due but not taken by their target", delayed_stuck),
+    Check(
+        "dead-letter-backlog-held",
+        "dead letters held because their target refuses them (e.g. a full work queue)",
+        dead_letter_backlog_held,
+    ),
     Check("unbounded-work-queue", "work queue without a length bound", unbounded_work_queue),
     Check(
         "handler-timeout-above-consumer-timeout",
@@ -90,6 +97,7 @@ __all__ = [
     "at_least_once_without_reject_publish",
     "broker_alarm",
     "classic_mirrored_policies",
+    "dead_letter_backlog_held",
     "dead_letter_target_missing",
     "dedupe_window_short",
     "delayed_stuck",
