@@ -150,7 +150,9 @@ def consume(
     RMQKIT_KEYRING); a message that cannot be decrypted is parked as undecryptable.
 
     Refuses to start (exit 78) when the queues' wiring in effect would drop or misroute
-    messages (e.g. a wait queue that does not dead-letter back to QUEUE)."""
+    messages (e.g. a wait queue that does not dead-letter back to QUEUE). A served queue deleted
+    while it runs stops only that queue's consumer until the queue is declared again (the log
+    and /readyz name it). Workers stop (gracefully) when the supervisor dies, however killed."""
     settings = settings_from(ctx)
     loaded = load_handler(handler)  # fail here, once, with one line (exit 78), not per worker
     flags = ConsumerFlags(

@@ -2,8 +2,9 @@
 
 ``HealthServer`` is a minimal asyncio HTTP/1.1 server for the metrics port: ``GET /metrics``
 (Prometheus text format 0.0.4), ``GET /healthz`` (liveness: the runner's loop called
-``heartbeat()`` within ``stale_after_s``) and ``GET /readyz`` (readiness: connected and
-consuming, and the handler threads not exhausted by stuck calls). Every response closes the
+``heartbeat()`` within ``stale_after_s``) and ``GET /readyz`` (readiness: every served queue
+connected and consuming, none waiting for a queue that was deleted — 503 naming it while one is —
+and the handler threads not exhausted by stuck calls). Every response closes the
 connection. Requests are read under a deadline with bounded line and header sizes, so a slow or
 hostile client cannot hold the loop or the memory.
 

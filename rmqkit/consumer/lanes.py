@@ -7,7 +7,8 @@ broker has when consume runs without one), and ``run_consumers`` runs one ``Cons
 queue in the worker, each with its own connection, channel, prefetch and handler slots. A lane
 full of slow jobs therefore holds only its own prefetch window and its own handler slots: it can
 never take the capacity of another lane or of W itself (the prefetch is the concurrency; see
-rmqkit.consumer.dispatch).
+rmqkit.consumer.dispatch). Nor can a lane's absence stop the others: a served queue deleted while
+the consumer runs makes only its own Consumer wait for it (rmqkit.consumer.runner).
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ import contextlib
 import logging
 from time import monotonic
 
-from rmqkit.broker.management import management
 from rmqkit.broker.session import CONNECTION_ERRORS, Channel, Session, open_session
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.config import ConsumerConfig
@@ -38,7 +37,7 @@ from rmqkit.consumer.dispatch import Dispatcher
 from rmqkit.consumer.handler import LoadedHandler
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import Backoff
-from rmqkit.consumer.wiring import QueueIdentity, identity_changes, queue_identity
+from rmqkit.consumer.wiring import QueueIdentity, identity_changes, read_identity
 from rmqkit.crypto import KeyRing
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
 from rmqkit.settings import Settings
@@ -89,6 +88,12 @@ class Consumer(Dispatcher):
         # until read, or if it could not be): a queue declared again otherwise is not consumed.
         self._identity: QueueIdentity | None = None
         self._identity_task: asyncio.Task[None] | None = None
+        # Set when the queue may have been deleted and declared again (the broker cancelled our
+        # consumer, or the queue was found missing): the next consume first compares its
+        # declaration. Not on every reconnect: after a failover the management API of the lost
+        # node may take its whole timeout to fail, and that would delay every reconnect.
+        self._suspect = False
+        self._missing: list[str] = []  # the queues found missing by the latest check
         # After a crash: prefetch 1 until CAUTIOUS_SETTLED messages have been settled, so a
         # message that kills the process spends only its own delivery attempts.
         self._cautious = cautious
@@ -228,6 +233,7 @@ class Consumer(Dispatcher):
                         self.config.consumer_timeout_s,
                         self._in_flight,
                     )
+                    self._suspect = True
                     raise ConsumerCancelled(
                         f"consumer {cancelled.result()} cancelled by the broker"
                     )
@@ -251,10 +257,10 @@ class Consumer(Dispatcher):
         if problem is None:
             self.metrics.set_waiting(queue, None)
             return True
-        if self._missing_is_fatal:
+        if self._missing_is_fatal and self._missing:
             raise ConfigError(
-                f"{problem} — run `rmqkit declare` for the topology first (retries and parking "
-                "need their queues)"
+                f"queue {self._missing[0]!r} does not exist — run `rmqkit declare` for the "
+                "topology first (retries and parking need their queues)"
             )
         backoff = Backoff(base_s=1.0, cap_s=RECHECK_CAP_S)
         logged_at = 0.0
@@ -285,7 +291,7 @@ class Consumer(Dispatcher):
         """Why this consumer cannot consume now (a queue it needs is missing, or its own was
         declared again with other arguments), or None."""
         queue = self.config.queue
-        missing = []
+        missing = self._missing = []
         for name in (queue, self.config.policy.parking_queue, *self._wait_queues):
             try:
                 exists = await conn.queue_exists(name)
@@ -295,6 +301,8 @@ class Consumer(Dispatcher):
                 raise ConnectionError(str(exc)) from exc
             if not exists:
                 missing.append(name)
+        if missing:
+            self._suspect = True
         if missing == [queue]:
             return f"queue {queue!r} does not exist (deleted?): not consuming it until it is back"
         if missing:
@@ -302,7 +310,7 @@ class Consumer(Dispatcher):
             which = "queue" if len(missing) == 1 else "queues"
             verb = "does" if len(missing) == 1 else "do"
             return f"{which} {names} {verb} not exist (deleted?): not consuming {queue!r}"
-        if self._identity is None:
+        if self._identity is None or not self._suspect:
             return None
         now = await self._read_identity()
         if now is None:
@@ -311,9 +319,11 @@ class Consumer(Dispatcher):
                 "without checking that it is declared as when this consumer started",
                 queue,
             )
+            self._suspect = False
             return None
         changes = identity_changes(self._identity, now)
         if not changes:
+            self._suspect = False
             return None
         return (
             f"queue {queue!r} is declared with other settings than when this consumer started "
@@ -322,15 +332,7 @@ class Consumer(Dispatcher):
         )
 
     async def _read_identity(self) -> QueueIdentity | None:
-        """What the management API says the consumed queue is declared as (None: unknown)."""
-        try:
-            async with asyncio.timeout(IDENTITY_TIMEOUT_S):
-                async with management(self.settings) as api:
-                    view = await api.queue(self.config.queue)
-        except (RmqkitError, TimeoutError, OSError) as exc:
-            log.debug("reading queue %r through the management API: %s", self.config.queue, exc)
-            return None
-        return None if view is None else queue_identity(view)
+        return await read_identity(self.settings, self.config.queue, IDENTITY_TIMEOUT_S)
 
     async def _remember_identity(self) -> None:
         self._identity = await self._read_identity()

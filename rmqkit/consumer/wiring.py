@@ -22,9 +22,11 @@ was) is not consumed until an operator puts it back or restarts the consumer to 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 
-from rmqkit.broker.management import ManagementClient
+from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.snapshot import (
     QUORUM_DEFAULT_DELIVERY_LIMIT_4X,
     QueueView,
@@ -36,7 +38,10 @@ from rmqkit.broker.snapshot import (
 from rmqkit.consumer.config import DEFAULT_MAX_ATTEMPTS
 from rmqkit.consumer.decision import QueuePolicy
 from rmqkit.durations import parse_duration_ms
-from rmqkit.errors import ConfigError
+from rmqkit.errors import ConfigError, RmqkitError
+from rmqkit.settings import Settings
+
+log = logging.getLogger("rmqkit.consumer")
 
 QueueIdentity = dict[str, object]
 """What a queue was declared as: type, durable, auto_delete, exclusive and x-arguments."""
@@ -48,6 +53,7 @@ __all__ = [
     "identity_changes",
     "policy_from_snapshot",
     "queue_identity",
+    "read_identity",
     "read_wiring",
     "wiring_warnings",
 ]
@@ -115,6 +121,19 @@ def queue_identity(view: dict[str, object]) -> QueueIdentity:
     if isinstance(arguments, dict):
         identity.update({f"argument {k}": v for k, v in sorted(arguments.items())})
     return identity
+
+
+async def read_identity(settings: Settings, queue: str, timeout_s: float) -> QueueIdentity | None:
+    """``queue_identity`` of ``queue`` as the management API shows it now; None when it cannot
+    be read within ``timeout_s`` (the API unreachable, the queue gone)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with management(settings) as api:
+                view = await api.queue(queue)
+    except (RmqkitError, TimeoutError, OSError) as exc:
+        log.debug("reading queue %r through the management API: %s", queue, exc)
+        return None
+    return None if view is None else queue_identity(view)
 
 
 def identity_changes(before: QueueIdentity, after: QueueIdentity) -> list[str]:

@@ -184,9 +184,10 @@ def test_supervisor_killed_mid_handler_the_message_is_finished_and_acked(
     assert wait_until(lambda: not alive(worker), 30), consumer.output()
     # the handler finished within the grace, and its message was acked: applied once, gone
     assert effects(ledger)[mid] == 1
+    # acked before the worker's connection closed: nothing comes back to the queue (an unacked
+    # message would be requeued at once when the connection went)
+    time.sleep(1.0)
     assert _depth(jobs_vhost, WORK) == 0
-    assert wait_until(lambda: broker.depths(jobs_vhost, [WORK])[WORK] == 0, 5)
-    assert (broker.mgmt_queue(jobs_vhost, WORK) or {}).get("messages_unacknowledged", 0) == 0
 
 
 def test_supervisor_killed_past_the_grace_the_message_goes_back_to_the_queue(
