@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from rmqkit.outbox.schema import LEASE_TABLE, TABLE
+from rmqkit.outbox.schema import AGGREGATE_WRITE_LOCK_SPACE, LEASE_TABLE, TABLE
 from rmqkit.store import Dialect
 
 ROW_COLUMNS: Final = (
@@ -73,6 +73,7 @@ class Queries:
     has_delay: str  # fails on a table without the delay_ms column
     lease: str  # params: holder, seconds
     release: str  # params: holder
+    release_writers: str  # PostgreSQL: the claim's AGGREGATE_WRITE_LOCK_SPACE locks (session)
 
 
 def queries_for(dialect: Dialect, *, delay_column: bool = True) -> Queries:
@@ -89,8 +90,9 @@ def queries_for(dialect: Dialect, *, delay_column: bool = True) -> Queries:
         ready = due.format(a="o")
         blocked = due.format(a="e")
         lock = (
-            f" AND (o.aggregate IS NULL OR pg_try_advisory_xact_lock({AGGREGATE_LOCK_SPACE}, "
-            "hashtext(o.aggregate)))"
+            f" AND (o.aggregate IS NULL OR (pg_try_advisory_xact_lock({AGGREGATE_LOCK_SPACE}, "
+            f"hashtext(o.aggregate)) AND pg_try_advisory_lock({AGGREGATE_WRITE_LOCK_SPACE}, "
+            "hashtext(o.aggregate))))"
             if pg
             else ""
         )
@@ -150,6 +152,7 @@ def queries_for(dialect: Dialect, *, delay_column: bool = True) -> Queries:
             f"{LEASE_TABLE}.expires_at < {now}"
         ),
         release=dialect.q(f"DELETE FROM {LEASE_TABLE} WHERE holder = ?"),
+        release_writers="SELECT pg_advisory_unlock_all()",
     )
 
 

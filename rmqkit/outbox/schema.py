@@ -15,6 +15,11 @@ from rmqkit.store import Dialect, Dsn, connect, transaction
 TABLE: Final = "rmqkit_outbox"
 LEASE_TABLE: Final = "rmqkit_outbox_lease"  # SQLite: which relay may publish (one at a time)
 CHANNEL: Final = "rmqkit_outbox"  # PostgreSQL NOTIFY channel: a commit added rows
+# PostgreSQL: ``add`` takes this shared advisory lock (first key; the second is
+# ``hashtext(aggregate)``) until its transaction ends; a relay claims an aggregate's rows only
+# if it can take it exclusively, i.e. while no transaction that wrote a row of the aggregate is
+# still open (docs/outbox.md, "Order": a row with a lower id may still commit).
+AGGREGATE_WRITE_LOCK_SPACE: Final = 727003
 
 
 def ddl(dialect: Dialect) -> list[str]:

@@ -19,7 +19,7 @@ from rmqkit.crypto.model import sensitive_fields
 from rmqkit.delay import DelayRangeError, Ladder
 from rmqkit.durations import parse_delay_ms
 from rmqkit.errors import ConfigError
-from rmqkit.outbox.schema import TABLE
+from rmqkit.outbox.schema import AGGREGATE_WRITE_LOCK_SPACE, TABLE
 from rmqkit.store import AsyncSQLiteConnection, dialect_of
 
 if TYPE_CHECKING:
@@ -182,6 +182,14 @@ def row_values(
     return mid, values
 
 
+# PostgreSQL, for a row with an aggregate: before the INSERT takes its id from the sequence
+# (schema.AGGREGATE_WRITE_LOCK_SPACE). Shared: writers never wait for each other, only, for a
+# few ms, for a relay that is reading the aggregate's rows.
+WRITE_LOCK_SQL: Final = (
+    f"SELECT pg_advisory_xact_lock_shared({AGGREGATE_WRITE_LOCK_SPACE}, hashtext(%s))"
+)
+
+
 def _insert_sql(placeholder: str, columns: Iterable[str]) -> str:
     names = list(columns)
     marks = ", ".join([placeholder] * len(names))
@@ -232,7 +240,10 @@ def add(
     )
     if isinstance(conn, AsyncSQLiteConnection) or type(conn).__name__ == "AsyncConnection":
         raise TypeError("an asyncio connection: use `await rmqkit.outbox.add_async(conn, ...)`")
-    conn.execute(_insert_sql(dialect_of(conn).placeholder, values), tuple(values.values()))
+    dialect = dialect_of(conn)
+    if aggregate is not None and dialect.name == "postgresql":
+        conn.execute(WRITE_LOCK_SQL, (aggregate,))
+    conn.execute(_insert_sql(dialect.placeholder, values), tuple(values.values()))
     return mid
 
 
@@ -262,6 +273,8 @@ async def add_async(
         encryptor=encryptor,
     )
     dialect = dialect_of(conn)
+    if aggregate is not None and dialect.name == "postgresql":
+        await conn.execute(WRITE_LOCK_SQL, (aggregate,))
     await conn.execute(_insert_sql(dialect.placeholder, values), tuple(values.values()))
     return mid
 
@@ -297,7 +310,16 @@ def add_sqlalchemy(
         delay=delay,
         encryptor=encryptor,
     )
+    if aggregate is not None and _sqlalchemy_dialect(session) == "postgresql":
+        session.execute(text(WRITE_LOCK_SQL.replace("%s", ":aggregate")), {"aggregate": aggregate})
     binds = ", ".join(f":{column}" for column in values)
     statement = text(f"INSERT INTO {TABLE} ({', '.join(values)}) VALUES ({binds})")
     session.execute(statement, values)
     return mid
+
+
+def _sqlalchemy_dialect(session: Any) -> str | None:
+    """The dialect name of a SQLAlchemy Session or Connection (None if it cannot tell)."""
+    bind = session.get_bind() if hasattr(session, "get_bind") else getattr(session, "engine", None)
+    dialect = getattr(bind, "dialect", None)
+    return getattr(dialect, "name", None)
