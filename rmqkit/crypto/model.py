@@ -15,10 +15,12 @@ topology file: the model a handler takes, or a publisher sends, marks its fields
     sensitive_fields(Order)  # (("customer.name", "taxId"), ("taxId",))
 
 Paths use each field's JSON key (its serialization alias or alias, if set): they name places in
-the JSON body. The walk steps into nested models (also ``Model | None``) but not into lists,
-tuples, sets or dicts: a path cannot name their items, so a mark found inside one is a
+the JSON body. The walk steps into nested models (also ``Model | None``) and into the items of
+lists, tuples and sets (``customers[].name``; a handler taking ``list[Order]``: ``[].tax_id``),
+but not into dicts: a path cannot name their values, so a mark found inside one is a
 ConfigError when the model is walked, never a field silently left in plaintext. The same for a
-recursive model with marks (its paths would never end) and for a key containing a dot.
+recursive model with marks (its paths would never end) and for a key containing a dot or a
+bracket.
 
 pydantic is imported when a model is walked, not when this module is: ``rmqkit.Sensitive`` is
 usable in a model definition without making ``import rmqkit`` (the CLI's start) pay for it.
@@ -26,6 +28,7 @@ usable in a model definition without making ``import rmqkit`` (the CLI's start) 
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import types
 import typing
@@ -49,6 +52,7 @@ class Sensitive:
 
 
 _CACHE: dict[tuple[Any, bool], Marked] = {}
+_BAD_KEY = frozenset(".[]")
 _UNION_ORIGINS: tuple[Any, ...] = (typing.Union, types.UnionType)
 
 
@@ -134,13 +138,41 @@ def _walk_type(
             return
         _walk_model(model, path, by_alias, (*stack, model), found, top)
         return
+    item = _item_type(tp, origin)
+    if item is not None:
+        _walk_type(item, f"{path}[]", by_alias, stack, found, top)
+        return
     if origin is not None and any(_has_marks(arg, set()) for arg in typing.get_args(tp)):
         where = f"field {path}" if path else "the model"
         raise ConfigError(
             f"{top}: {where} is a {_label(tp)} whose items mark fields Sensitive; a field path "
-            "cannot name list or dict items, so they would go unencrypted — mark the whole "
-            f"field (Annotated[{_label(tp)}, rmqkit.Sensitive()]) or change the model"
+            "cannot name dict values (or the items of this type), so they would go "
+            f"unencrypted — mark the whole field (Annotated[{_label(tp)}, rmqkit.Sensitive()]) "
+            "or change the model"
         )
+
+
+_SEQUENCES: tuple[Any, ...] = (
+    list,
+    set,
+    frozenset,
+    collections.abc.Sequence,
+    collections.abc.MutableSequence,
+    collections.abc.Set,
+    collections.abc.MutableSet,
+    collections.abc.Iterable,
+)
+
+
+def _item_type(tp: Any, origin: Any) -> Any:
+    """The item type of a list-like annotation (``list[X]``, ``tuple[X, ...]``, ``set[X]``,
+    ``Sequence[X]``), whose JSON is a list a ``[]`` path step names; else None."""
+    args = typing.get_args(tp)
+    if origin in _SEQUENCES and len(args) == 1:
+        return args[0]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return args[0]
+    return None
 
 
 def _walk_model(
@@ -156,10 +188,10 @@ def _walk_model(
         key = name
         if by_alias:
             key = info.serialization_alias or info.alias or name
-        if "." in key and (_markers(info.metadata) or _has_marks(info.annotation, set())):
+        if _BAD_KEY & set(key) and (_markers(info.metadata) or _has_marks(info.annotation, set())):
             raise ConfigError(
-                f"{top}: field {prefix}{key} of {model.__qualname__} has a dot in its JSON key "
-                "and marks (or holds) a Sensitive field; a dotted path cannot name it"
+                f"{top}: field {prefix}{key} of {model.__qualname__} has a dot or a bracket in "
+                "its JSON key and marks (or holds) a Sensitive field; a path cannot name it"
             )
         path = f"{prefix}.{key}" if prefix else key
         marks = _markers(info.metadata)

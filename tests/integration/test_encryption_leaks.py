@@ -190,14 +190,16 @@ MODES = ["json", "repr", "ascii", "pydantic", "raw"]
 
 
 class Consumer:
-    """`rmqkit consume HANDLER --queue lk.work` with the key ring, its log in a file."""
+    """`rmqkit consume HANDLER --queue QUEUE` with the key ring, its log in a file."""
 
-    def __init__(self, setup: Setup, handler: str, log_format: str, name: str) -> None:
+    def __init__(
+        self, setup: Setup, handler: str, log_format: str, name: str, queue: str = "lk.work"
+    ) -> None:
         env = broker.cli_env(setup.vhost) | setup.env
         self.log_path = setup.tmp / f"{name}.log"
         self._log = self.log_path.open("w")
         cmd = [sys.executable, "-m", "rmqkit", "--verbose", "consume", handler]
-        cmd += ["--queue", "lk.work", "--topology", str(setup.topology)]
+        cmd += ["--queue", queue, "--topology", str(setup.topology)]
         cmd += ["--log-format", log_format]
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT

@@ -233,3 +233,27 @@ def test_cli_show_from_the_environment(tmp_path) -> None:
     assert _leaks(result.output, _materials(path)) == []
     none = runner.invoke(app, ["show"], env={"RMQKIT_KEYRING": "", "RMQKIT_KEYRING_FILE": ""})
     assert isinstance(none.exception, ConfigError) and "no key ring" in str(none.exception)
+
+
+@pytest.mark.parametrize("shape", ["json", "json-one-line", "base64-key", "urlsafe-key"])
+def test_key_material_given_as_a_file_name_is_never_quoted(tmp_path, shape) -> None:
+    ring = generate_keyring()
+    text = ring.to_json()
+    material = json.loads(text)["keys"][0]["key"]
+    given = {
+        "json": text,
+        "json-one-line": " ".join(text.split()),
+        "base64-key": material,
+        "urlsafe-key": material.replace("+", "-").replace("/", "_"),
+    }[shape]
+    with pytest.raises(KeyRingError) as caught:
+        load_keyring(given, None)
+    said = str(caught.value)
+    assert material[:8] not in said and "\n" not in said
+    assert said.startswith("RMQKIT_KEYRING_FILE holds what looks like")
+    assert "takes the path of a key-ring file" in said and "goes in RMQKIT_KEYRING" in said
+    # a path is still shown, with what the setting should hold
+    with pytest.raises(KeyRingError, match=r"/etc/nowhere/ring\.json: cannot read"):
+        load_keyring("/etc/nowhere/ring.json", None)
+    with pytest.raises(KeyRingError, match="a file path goes in RMQKIT_KEYRING_FILE"):
+        load_keyring(None, "/etc/rmqkit/ring.json")

@@ -77,3 +77,36 @@ def test_the_fast_path_with_odd_shapes_opens_each_envelope_once() -> None:
     listed = {"customer": [{"name": "x"}], "tax_id": {"deep": "y"}, "extra": {"v": 1}}
     sealed2 = encrypt_fields(json.dumps(listed).encode(), ["extra.v", "tax_id.deep"], [], RING)
     assert json.loads(decrypt_fields(sealed2, None, RING, first=first)) == listed
+
+
+def _raise_chained(value: str) -> None:
+    try:
+        raise KeyError(value)
+    except KeyError as exc:
+        error = ValueError(f"bad {value!r}")
+        error.add_note(f"note {value}")
+        raise error from exc
+
+
+def test_a_withheld_error_keeps_type_digest_and_frames_only() -> None:
+    from rmqkit.crypto.masking import withhold_error
+
+    ring = generate_keyring()
+    value = 'Ünï "q\\u" ' + "x" * 50
+    try:
+        _raise_chained(value)
+    except ValueError as exc:
+        message, trace = withhold_error(ring, "ValueError", str(exc), "", exc)
+    assert message.startswith("[withheld: ValueError on a message with decrypted fields; digest ")
+    assert "_raise_chained" in trace and "raise KeyError(value)" in trace
+    assert "KeyError: [withheld]" in trace and "direct cause" in trace
+    for part in ("Ünï", "xxxxxxxx", "note", "q\\\\u"):
+        assert part not in message + trace.replace("raise KeyError(value)", "")
+    again, _ = withhold_error(ring, "ValueError", f"bad {value!r}", "")
+    other, _ = withhold_error(ring, "ValueError", "bad 'other'", "")
+    assert again == message and other != message  # equal texts group; others differ
+    assert withhold_error(generate_keyring(), "ValueError", f"bad {value!r}", "")[0] != message
+    # only a text traceback (no exception object): its File lines alone
+    text = 'Traceback (most recent call last):\n  File "/app/h.py", line 3, in f\n    x()\nE: v\n'
+    _, kept = withhold_error(ring, "E", "v", text)
+    assert '  File "/app/h.py", line 3, in f' in kept and "x()" not in kept and "E: v" not in kept
