@@ -63,7 +63,7 @@ def sensitive_fields(model: Any, *, by_alias: bool = True) -> Marked:
     ``model``: a pydantic model class, or a type built from one (``Order | None``, which the
     handler of a consumer may be annotated with). ``by_alias=False``: the paths by field name,
     as ``model_dump_json()`` writes them without ``by_alias``. Cached per type. ConfigError
-    (78) for a mark a path cannot name (inside a list or dict, in a recursive model, under a
+    (78) for a mark a path cannot name (inside a dict, in a recursive model, under a
     key with a dot).
     """
     key = (model, by_alias)
