@@ -27,6 +27,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+# A key header's value: its text, or its bytes when they are not UTF-8 (see key_of).
+ConflationKey = str | bytes
+
 
 @dataclass
 class _Key:
@@ -37,13 +40,13 @@ class Conflation:
     """The per-key admission of one worker: ``await admit(key)``, then ``release(key)``."""
 
     def __init__(self) -> None:
-        self._running: dict[str, _Key] = {}  # keys with a handler running (or handed over)
+        self._running: dict[ConflationKey, _Key] = {}  # keys running (or handed over)
 
     @property
     def keys_running(self) -> int:
         return len(self._running)
 
-    async def admit(self, key: str) -> bool:
+    async def admit(self, key: ConflationKey) -> bool:
         """True: handle the message now (call ``release(key)`` when done, whatever happened).
         False: a newer message with the same key replaced it; ack it unhandled."""
         state = self._running.get(key)
@@ -63,7 +66,7 @@ class Conflation:
                 self.release(key)  # the turn was handed to us: pass it on
             raise
 
-    def release(self, key: str) -> None:
+    def release(self, key: ConflationKey) -> None:
         """The handler admitted for ``key`` has finished: hand the turn to the waiting message."""
         state = self._running.get(key)
         if state is None:
@@ -75,10 +78,16 @@ class Conflation:
             del self._running[key]
 
 
-def key_of(value: object) -> str | None:
+def key_of(value: object) -> ConflationKey | None:
     """A header value as a conflation key (None: no header, the message is handled as usual)."""
     if value is None:
         return None
     if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", errors="replace")
+        # A Java client's byte[] key need not be UTF-8: such bytes stay bytes (decoded with
+        # replacement characters, keys one byte apart would merge); UTF-8 bytes are the same
+        # key as their text.
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(value)
     return str(value)

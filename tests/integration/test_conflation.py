@@ -89,3 +89,34 @@ def test_a_burst_of_100_updates_for_10_keys_handles_about_the_newest_per_key(
     assert broker.depths(jobs_vhost, broker.queue_names(jobs_vhost)) == dict.fromkeys(
         broker.queue_names(jobs_vhost), 0
     )
+
+
+def test_byte_array_keys_that_are_not_utf8_are_distinct_keys(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """Java clients send a ``byte[]`` key as an AMQP byte array. Two keys that differ only in a
+    byte that is not UTF-8 are two keys: a newer message of one never supersedes the other's.
+    (Decoded with replacement characters, b"\\xff\\x01" and b"\\xfe\\x01" were one key, and b-1
+    was acked unhandled as superseded by b-2.)"""
+    messages = [("a-1", b"\xff\x01", 1.5), ("b-1", b"\xfe\x01", 0.5), ("b-2", b"\xfe\x01", 0)]
+    broker.publish_with_ids(
+        jobs_vhost,
+        "jobs",
+        "job",
+        [(mid, body(id=mid, sleep=sleep)) for mid, _, sleep in messages],
+        headers=lambda i: {"entity": bytearray(messages[i][1])},  # sent as a byte array
+    )
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--conflate-key-header", "entity")
+    consumers.append(consumer)
+
+    def handled() -> set[str]:
+        return {m for m, _, kind, _ in events(ledger) if kind == "effect"}
+
+    assert wait_until(lambda: handled() == {"a-1", "b-1", "b-2"}, timeout_s=30), (
+        handled(),
+        consumer.output()[-2000:],
+    )
+    assert consumer.stop() == 0, consumer.output()
+    assert "superseded" not in consumer.output()
+    assert broker.depths(jobs_vhost, [WORK, PARKING]) == {WORK: 0, PARKING: 0}
