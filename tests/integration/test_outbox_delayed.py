@@ -71,7 +71,7 @@ def test_delayed_rows_after_the_target_exchange_is_deleted_and_declared_again(
     dsn = sqlite_outbox(tmp_path)
     relay = relay_process(dsn, vhost, "--poll", "100ms")
     try:
-        first = add_rows(dsn, exchange, 1)
+        first = add_rows(dsn, exchange, 1, delay="4s")  # due after the relay is up
         assert arrived(vhost, queue, 1, 20) == first  # the exit is declared and works
         delete_exchange(vhost, exchange)
         declare(vhost, exchange, queue)
@@ -95,7 +95,7 @@ def test_delayed_rows_for_a_missing_exchange_stay_pending_like_plain_ones(
     dsn = sqlite_outbox(tmp_path)
     relay = relay_process(dsn, vhost, "--poll", "100ms")
     try:
-        first = add_rows(dsn, exchange, 1)
+        first = add_rows(dsn, exchange, 1, delay="4s")  # due after the relay is up
         assert arrived(vhost, queue, 1, 20) == first
         delete_exchange(vhost, exchange)
         delayed = add_rows(dsn, exchange, 5)

@@ -38,7 +38,9 @@ def _fill(conn: psycopg.Connection | sqlite3.Connection, rows: list[str | None])
 
 
 def _claim(conn: psycopg.Connection, limit: int = 100) -> list[tuple[int, str | None]]:
-    return [(r[0], r[7]) for r in conn.execute(PG.claim_due, (limit,)).fetchall()]
+    claimed = [(r[0], r[7]) for r in conn.execute(PG.claim_due, (limit,)).fetchall()]
+    conn.execute(PG.release_writers)  # as the relay does once its snapshot is taken
+    return claimed
 
 
 def test_a_second_relay_takes_nothing_of_an_aggregate_the_first_holds(pg_dsn: str) -> None:
