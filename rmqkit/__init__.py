@@ -30,6 +30,7 @@ from rmqkit.errors import (
 
 if TYPE_CHECKING:
     from rmqkit import outbox
+    from rmqkit.consumer.embedded import Consumer
     from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
     from rmqkit.crypto.model import Sensitive
     from rmqkit.idempotency.record import Transaction
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 # public name -> (module, attribute); attribute None: the module itself
 _LAZY: dict[str, tuple[str, str | None]] = {
     "outbox": ("rmqkit.outbox", None),  # rmqkit.outbox.add(conn, ...): the transactional outbox
+    # rmqkit.Consumer(handler, queue=...): `rmqkit consume` in the app's event loop (docs/api.md)
+    "Consumer": ("rmqkit.consumer.embedded", "Consumer"),
     "DecodeError": ("rmqkit.consumer.message", "DecodeError"),
     "Message": ("rmqkit.consumer.message", "Message"),
     "Permanent": ("rmqkit.consumer.message", "Permanent"),
@@ -70,6 +73,7 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailable",
     "ConfigError",
+    "Consumer",
     "DataError",
     "DatabaseUnavailable",
     "DecodeError",

@@ -2,38 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 
 import typer
 
-from rmqkit.broker.management import management
-from rmqkit.broker.snapshot import Snapshot
 from rmqkit.cli.common import run_async, seconds_option, settings_from
-from rmqkit.consumer.config import (
-    ConsumerConfig,
-    ConsumerFlags,
-    build_config,
-    policy_from_topology,
-    refuse_without_keyring,
-)
+from rmqkit.consumer.config import ConsumerFlags, refuse_without_keyring
 from rmqkit.consumer.dedupe import dedupe_config
-from rmqkit.consumer.handler import LoadedHandler, load_handler
-from rmqkit.consumer.lanes import Served, served_from_names, served_from_topology
+from rmqkit.consumer.handler import load_handler
+from rmqkit.consumer.resolve import resolve_config
 from rmqkit.consumer.supervisor import run_supervised
-from rmqkit.consumer.wiring import (
-    check_wiring,
-    consumer_timeout_s,
-    policy_from_snapshot,
-    read_wiring,
-    wiring_warnings,
-)
 from rmqkit.crypto import load_keyring
-from rmqkit.errors import AccessRefused, BrokerUnavailable
-from rmqkit.settings import Settings
 from rmqkit.topology import load_topology
-from rmqkit.topology.model import Topology
 
 
 class LogFormat(StrEnum):
@@ -182,74 +163,5 @@ def consume(
     spec = load_topology(topology) if topology is not None else None
     if spec is not None:  # an encrypting queue without a ring would park every message
         refuse_without_keyring(spec, queue, ring is not None)
-    config = run_async(_resolve(settings, loaded, queue, flags, spec))
+    config = run_async(resolve_config(settings, loaded, queue, flags, spec))
     raise typer.Exit(run_supervised(settings, config, processes))
-
-
-async def _resolve(
-    settings: Settings,
-    loaded: LoadedHandler,
-    queue: str,
-    flags: ConsumerFlags,
-    spec: Topology | None,
-) -> ConsumerConfig:
-    """The consumer's configuration: QUEUE's, with its lanes or partitions as siblings
-    (rmqkit.consumer.lanes), each checked and configured like a work queue of its own."""
-    # One management API snapshot: the settings in effect on every queue, to check the wiring
-    # (and, without --topology, to read the tiers and parking target from).
-    snapshot: Snapshot | None
-    unchecked: str | None = None
-    try:
-        async with management(settings) as api:
-            snapshot = await read_wiring(api)
-    except (BrokerUnavailable, AccessRefused) as exc:
-        if spec is None:
-            raise
-        # With a topology file consuming needs only AMQP; go on, but say what was not checked.
-        snapshot = None
-        unchecked = (
-            f"could not check the queues' wiring through the management API ({exc}); "
-            "a policy that removes a dead-letter route would go unnoticed"
-        )
-    if spec is not None:
-        served = served_from_topology(spec, queue)
-    else:
-        assert snapshot is not None
-        served = served_from_names(snapshot.queues, queue)
-    configs = [_one(loaded, one, flags, spec, snapshot) for one in served]
-    config = configs[0]
-    if unchecked is not None:
-        config = replace(config, warnings=(*config.warnings, unchecked))
-    return replace(config, siblings=tuple(configs[1:]))
-
-
-def _one(
-    loaded: LoadedHandler,
-    served: Served,
-    flags: ConsumerFlags,
-    spec: Topology | None,
-    snapshot: Snapshot | None,
-) -> ConsumerConfig:
-    """One served queue's configuration; a lane's own prefetch/concurrency replace the flags'."""
-    queue, handler = served.queue, loaded.spec
-    flags = replace(
-        flags,
-        prefetch=served.prefetch or flags.prefetch,
-        concurrency=served.concurrency or flags.concurrency,
-    )
-    if snapshot is None:
-        assert spec is not None
-        policy = policy_from_topology(spec, queue, flags.max_attempts)
-        return build_config(handler, queue, policy, flags, spec, loaded=loaded)
-    if spec is not None:
-        policy = policy_from_topology(spec, queue, flags.max_attempts)
-        check_wiring(snapshot, policy)
-        # The queue's consumer timeout (x-consumer-timeout or a policy) bounds the handler
-        # timeout with a topology file too: the file does not say it, the broker does.
-        timeout = consumer_timeout_s(snapshot, queue)
-        config = build_config(handler, queue, policy, flags, spec, timeout, loaded)
-    else:
-        policy, timeout = policy_from_snapshot(snapshot, queue, flags.max_attempts)
-        check_wiring(snapshot, policy, discover_wait=True)
-        config = build_config(handler, queue, policy, flags, None, timeout, loaded)
-    return replace(config, warnings=(*config.warnings, *wiring_warnings(snapshot, policy)))

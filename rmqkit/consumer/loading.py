@@ -129,7 +129,15 @@ def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
                 walked = ".".join(attr_path.split(".")[:depth])
                 owner = f"'{module_name}:{walked}'"
             raise _load_error(spec, f"{owner} has no attribute '{name}'") from None
+    return handler_from_callable(target, spec)
 
+
+def handler_from_callable(target: Any, spec: str | None = None) -> LoadedHandler:
+    """Check that ``target`` (a function or callable object) can be a handler, as
+    ``load_handler`` checks an imported one; ``spec`` names it in messages and logs (default:
+    ``module:qualname``). Every problem raises ConfigError (exit 78) naming it."""
+    if spec is None:
+        spec = callable_spec(target)
     if not callable(target):
         raise _load_error(spec, f"'{spec}' is not callable (its type is {type(target).__name__})")
     if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
@@ -165,6 +173,13 @@ def load_handler(spec: str, *, cwd: Path | None = None) -> LoadedHandler:
         sensitive=sensitive,
     )
     return loaded
+
+
+def callable_spec(target: Any) -> str:
+    """How a handler given as an object is named: ``module:qualname`` where it has them."""
+    module = getattr(target, "__module__", None) or type(target).__module__
+    name = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"{module}:{name}"
 
 
 def _dotted_names(text: str) -> bool:
@@ -345,6 +360,8 @@ def _is_async(target: Any) -> bool:
 __all__ = [
     "HandlerInput",
     "LoadedHandler",
+    "callable_spec",
+    "handler_from_callable",
     "load_handler",
     "one_line",
     "type_label",

@@ -184,6 +184,10 @@ class ConsumerMetrics:
         """Whether the consumer of ``queue`` is registered with the broker."""
         self._consuming[queue] = consuming
 
+    def consuming_queue(self, queue: str) -> bool:
+        """Whether the consumer of ``queue`` is registered with the broker (False before)."""
+        return self._consuming.get(queue, False)
+
     @property
     def connected(self) -> bool:
         """Every queue's consumer is connected (False before the first connection)."""

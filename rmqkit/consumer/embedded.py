@@ -1,0 +1,390 @@
+"""``rmqkit.Consumer``: the consumer of ``rmqkit consume``, run inside an application's own
+asyncio event loop (a FastAPI lifespan, a worker service, a test).
+
+The same path as the command's worker processes: the configuration is resolved by
+rmqkit.consumer.resolve (the queue's lanes or partitions, the wiring checks, the topology's
+tiers and limits), each served queue runs rmqkit.consumer.runner's connection loop with
+rmqkit.consumer.dispatch's per-message path, so decisions, retries, parking, dedupe and metrics
+are those of ``rmqkit consume`` (whose worker, rmqkit.consumer.worker, runs this class too).
+What the embedded consumer leaves to the application: signals (it never installs a handler),
+logging configuration, processes and their supervision.
+
+Stopping: ``stop(grace_s)`` takes no new deliveries, lets the handlers in flight finish within
+the grace, settles them (acks, retry and park copies confirmed first) and closes the connection;
+whatever did not finish was never acked and is redelivered by the broker. Cancelling ``run()``
+(or the task running it) stops at once: nothing unsettled is acked, so the broker redelivers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from rmqkit.broker.session import session
+from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, refuse_without_keyring
+from rmqkit.consumer.dedupe import dedupe_config
+from rmqkit.consumer.health_server import HealthServer
+from rmqkit.consumer.lanes import run_consumers
+from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
+from rmqkit.consumer.metrics import ConsumerMetrics
+from rmqkit.consumer.resolve import resolve_config
+from rmqkit.consumer.runner import Consumer as QueueConsumer
+from rmqkit.crypto import KeyRing, load_keyring
+from rmqkit.errors import BrokerUnavailable, UsageError
+from rmqkit.settings import Settings, load_settings
+from rmqkit.topology import load_topology
+from rmqkit.topology.model import Topology
+
+__all__ = ["Consumer"]
+
+log = logging.getLogger("rmqkit.consumer")
+_START_POLL_S = 0.01
+
+
+class Consumer:
+    """Consume ``queue`` with ``handler`` in the running event loop, as ``rmqkit consume`` does.
+
+    ``handler``: an ``async def`` or ``def`` function of one argument (or a ``"module:function"``
+    spec), with the signatures ``rmqkit consume`` accepts (docs/api.md). ``topology``: a loaded
+    ``Topology`` or the path of its file (delays, attempts, parking from it); None reads them
+    from the broker's declared objects through the management API. ``settings``: the broker
+    (default ``rmqkit.load_settings()``, i.e. the ``RMQKIT_*`` environment). The other keywords
+    are ``rmqkit consume``'s options; None takes the topology's value, then the default.
+
+    Bad arguments, a handler that cannot be one or an unreadable topology file raise here
+    (UsageError, ConfigError, TopologyFileError). Connecting happens in ``start()``.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[..., Any] | str,
+        *,
+        queue: str,
+        topology: Topology | str | os.PathLike[str] | None = None,
+        settings: Settings | None = None,
+        prefetch: int | None = None,
+        concurrency: int | None = None,
+        handler_timeout_s: float | None = None,
+        max_attempts: int | None = None,
+        grace_s: float = 30.0,
+        permanent_errors: Iterable[str] = (),
+        dedupe: str | None = None,
+        dedupe_connections: int | None = None,
+        dedupe_batch: int = 100,
+        dedupe_scope: str | None = None,
+        order_key_header: str | None = None,
+        order_version_header: str | None = None,
+        conflate_key_header: str | None = None,
+        metrics_port: int | None = None,
+        keyring: KeyRing | None = None,
+        start_timeout_s: float = 30.0,
+    ) -> None:
+        _check_arguments(queue, prefetch, concurrency, max_attempts, handler_timeout_s, grace_s)
+        if start_timeout_s <= 0:
+            raise UsageError(f"start_timeout_s must be above 0, not {start_timeout_s!r}")
+        self.queue = queue
+        self._loaded = (
+            load_handler(handler) if isinstance(handler, str) else handler_from_callable(handler)
+        )
+        self._settings = settings if settings is not None else load_settings()
+        self._spec = (
+            topology
+            if isinstance(topology, Topology) or topology is None
+            else load_topology(Path(topology))
+        )
+        # No key ring given: the settings' (RMQKIT_KEYRING_FILE / RMQKIT_KEYRING), as the
+        # command loads it; a queue that encrypts fields without one is refused (78).
+        self._keyring = (
+            keyring if keyring is not None else load_keyring(*self._settings.keyring_sources())
+        )
+        if self._spec is not None:
+            refuse_without_keyring(self._spec, queue, self._keyring is not None)
+        self._flags = ConsumerFlags(
+            prefetch=prefetch,
+            concurrency=concurrency,
+            handler_timeout_s=handler_timeout_s,
+            max_attempts=max_attempts,
+            grace_s=grace_s,
+            metrics_port=metrics_port,
+            permanent_errors=tuple(permanent_errors),
+            conflate_key_header=conflate_key_header,
+        )
+        self._dedupe_args: dict[str, Any] = {
+            "connections": dedupe_connections,
+            "batch": dedupe_batch,
+            "order_key_header": order_key_header,
+            "order_version_header": order_version_header,
+            "scope": dedupe_scope,
+        }
+        self._dedupe_dsn = dedupe
+        self._start_timeout_s = start_timeout_s
+        self._config: ConsumerConfig | None = None
+        self._metrics: ConsumerMetrics | None = None
+        self._runners: list[QueueConsumer] = []
+        self._server: HealthServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._starting: asyncio.Lock | None = None
+        self._stopped = False
+        self._abort = False  # stop() came while start() was still preparing
+
+    @classmethod
+    def _resolved(
+        cls,
+        settings: Settings,
+        config: ConsumerConfig,
+        handler: LoadedHandler,
+        *,
+        keyring: KeyRing | None,
+        cautious: bool = False,
+    ) -> Consumer:
+        """A consumer of an already resolved configuration (``rmqkit consume``'s worker: the
+        supervisor resolved it once). ``cautious``: restarted after a crash, prefetch 1 for a
+        while, and a missing queue is waited for instead of being fatal. Run it with
+        ``_serve()``; its metrics server is the worker's."""
+        self = cls.__new__(cls)
+        self.queue = config.queue
+        self._loaded, self._settings, self._spec, self._keyring = handler, settings, None, keyring
+        self._start_timeout_s = 0.0
+        self._config, self._server, self._task, self._starting = config, None, None, None
+        self._stopped = self._abort = False
+        self._build(config, cautious=cautious)
+        return self
+
+    # --- what the application reads ----------------------------------------------------------
+    @property
+    def config(self) -> ConsumerConfig | None:
+        """The resolved configuration (None before ``start()``)."""
+        return self._config
+
+    @property
+    def metrics(self) -> ConsumerMetrics | None:
+        """The consumer's metrics, its own Prometheus registry in ``.registry`` (None before
+        ``start()``): serve them from the application's own ``/metrics`` if it has one."""
+        return self._metrics
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port ``/metrics``, ``/healthz`` and ``/readyz`` are served on (None: not served);
+        the bound one when ``metrics_port=0`` was given."""
+        return self._server.port if self._server is not None and self._server.started else None
+
+    @property
+    def consuming(self) -> bool:
+        """Whether every served queue's consumer is registered with the broker right now."""
+        return self._metrics is not None and all(
+            self._metrics.consuming_queue(r.config.queue) for r in self._runners
+        )
+
+    @property
+    def processed(self) -> int:
+        """Deliveries settled so far (acked, retried or parked)."""
+        return sum(r.processed for r in self._runners)
+
+    @property
+    def recycle(self) -> bool:
+        """Whether it stopped by itself because stuck ``def`` handlers hold every handler
+        thread (a thread cannot be stopped: the process should be restarted)."""
+        return any(r.recycle for r in self._runners)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect and start consuming; returns once every served queue is consumed.
+
+        Raises what ``rmqkit consume`` exits on: ConfigError (78: a queue missing, wiring that
+        would lose messages, a dedupe store not initialised, the metrics port taken),
+        AccessRefused (77), BrokerUnavailable (69: the broker, or without a topology its
+        management API, cannot be reached, or no consumer was registered within
+        ``start_timeout_s``). A second call while started returns at once."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._stopped:
+                raise UsageError("this Consumer was stopped; create a new one to consume again")
+            if self._task is not None:
+                return
+            await self._prepare()
+            if self._abort:  # stop() while preparing: never consume
+                self._stopped = True
+                if self._server is not None:
+                    await self._server.stop()
+                return
+            self._task = asyncio.create_task(self._serve(), name=f"rmqkit consume {self.queue}")
+            await self._until_consuming(self._task)
+
+    async def _prepare(self) -> None:
+        settings, flags, loaded = self._settings, self._flags, self._loaded
+        # The store is checked (initialised, answering) in a thread: it is a blocking call.
+        dedupe = await asyncio.to_thread(
+            dedupe_config,
+            self._dedupe_dsn,
+            loaded,
+            queue=self.queue,
+            vhost=settings.vhost,
+            **self._dedupe_args,
+        )
+        config = await resolve_config(
+            settings, loaded, self.queue, replace(flags, dedupe=dedupe), self._spec
+        )
+        # One AMQP connection first, so that an unreachable broker or refused credentials
+        # raise here (the consumer's own connection loop retries them forever, as it should
+        # once running).
+        async with session(settings, name=f"rmqkit consume {self.queue} (check)"):
+            pass
+        self._build(config, cautious=False)
+        if config.metrics_port is not None:
+            server = HealthServer(self._metrics_or_fail(), port=config.metrics_port)
+            await server.start()  # a port in use: ConfigError (78)
+            self._server = server
+
+    def _build(self, config: ConsumerConfig, *, cautious: bool) -> None:
+        self._config = config
+        metrics = self._metrics = ConsumerMetrics(config.queue, config.tier_names)
+        # One consumer per served queue (the work queue and its lanes, or the partitions),
+        # sharing the metrics (rmqkit.consumer.lanes).
+        self._runners = [
+            QueueConsumer(
+                self._settings,
+                one,
+                self._loaded,
+                metrics,
+                cautious=cautious,
+                keyring=self._keyring,
+                missing_is_fatal=not cautious,
+            )
+            for one in (config, *config.siblings)
+        ]
+        for warning in dict.fromkeys(w for r in self._runners for w in r.config.warnings):
+            log.warning("%s", warning)
+
+    def _metrics_or_fail(self) -> ConsumerMetrics:
+        assert self._metrics is not None
+        return self._metrics
+
+    async def _until_consuming(self, task: asyncio.Task[None]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._start_timeout_s
+        while not self.consuming:
+            if task.done():
+                task.result()  # the fatal error that ended it; None: stopped while starting
+                return
+            if loop.time() >= deadline:
+                reason = self._metrics_or_fail().not_ready_reason() or "not consuming"
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                self._stopped = True
+                raise BrokerUnavailable(
+                    f"{self.queue!r} not consumed after {self._start_timeout_s:g}s ({reason}) "
+                    "— check the broker and the log"
+                )
+            await asyncio.wait({task}, timeout=_START_POLL_S)
+
+    async def _serve(self) -> None:
+        """Run every served queue's consumer until stopped; release everything after."""
+        beat = asyncio.create_task(_heartbeat(self._metrics_or_fail()))
+        try:
+            for runner in self._runners:
+                if runner.dedupe is not None:  # initialised (else 78) and answering (else 69)
+                    await runner.dedupe.start()
+            await run_consumers(self._runners)
+        finally:
+            self._stopped = True
+            for runner in self._runners:
+                if runner.dedupe is not None:
+                    with contextlib.suppress(Exception):
+                        await runner.dedupe.close()
+                runner.close()
+            beat.cancel()
+            if self._server is not None:
+                await self._server.stop()
+
+    def request_stop(self, grace_s: float | None = None) -> None:
+        """Begin a graceful stop and return at once (e.g. from a signal handler): as
+        ``stop()``, without waiting for it."""
+        for runner in self._runners:
+            if grace_s is not None:
+                # Read by the drain when it begins; the grace given last wins.
+                runner.config = replace(runner.config, grace_s=max(0.0, grace_s))
+            runner.stop()
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop consuming: no new deliveries; the handlers in flight get ``grace_s`` (default:
+        the ``grace_s`` given to the constructor) to finish and are settled; then the
+        connection is closed. Messages still unfinished are not acked: the broker redelivers
+        them. Before ``start()``, or again after a stop, it does nothing. A fatal error that
+        ended the consumer is not raised here (``run()`` raises it; it is logged)."""
+        task = self._task
+        if task is None:
+            if self._starting is not None and self._starting.locked():
+                self._abort = True  # start() is preparing: it returns without consuming
+            return
+        self.request_stop(grace_s)
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the consumer of %s had stopped: %s", self.queue, task.exception())
+
+    async def run(self) -> None:
+        """Consume until stopped (``stop()``, or a fatal error, raised here); starts first if
+        ``start()`` was not called. Cancelled, it stops at once: unsettled messages are not
+        acked and come back."""
+        if self._task is None:
+            await self.start()
+        task = self._task
+        if task is None:  # stopped while starting
+            return
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+            raise
+
+    async def __aenter__(self) -> Consumer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+def _check_arguments(
+    queue: str,
+    prefetch: int | None,
+    concurrency: int | None,
+    max_attempts: int | None,
+    handler_timeout_s: float | None,
+    grace_s: float,
+) -> None:
+    """The limits ``rmqkit consume``'s options have, as UsageError naming the argument."""
+    if not isinstance(queue, str) or not queue.strip():
+        raise UsageError("queue must name the work queue to consume")
+    if prefetch is not None and not 1 <= prefetch <= 65535:
+        raise UsageError(f"prefetch must be 1-65535, not {prefetch!r}")
+    for name, value in (("concurrency", concurrency), ("max_attempts", max_attempts)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be at least 1, not {value!r}")
+    if handler_timeout_s is not None and not handler_timeout_s > 0:
+        raise UsageError(f"handler_timeout_s must be above 0, not {handler_timeout_s!r}")
+    if not grace_s >= 0:
+        raise UsageError(f"grace_s must be 0 or more, not {grace_s!r}")
+
+
+async def _heartbeat(metrics: ConsumerMetrics) -> None:
+    # /healthz reads the age of the last beat: a blocked event loop shows as unhealthy.
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            metrics.heartbeat()
+            await asyncio.sleep(1.0)
