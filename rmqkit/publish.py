@@ -155,7 +155,9 @@ def _field_value(record: Any, path: str) -> str:
             raise ValueError(f"--id-from {path}: no field {part!r}")
         value = value[part]
     if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
-        raise ValueError(f"--id-from {path}: wants a non-empty string or integer, got {value!r}")
+        # the value itself is not quoted: it may be anything, personal data included
+        kind = "an empty string" if value == "" else f"a {type(value).__name__} value"
+        raise ValueError(f"--id-from {path}: wants a non-empty string or integer, got {kind}")
     return str(value)
 
 

@@ -135,6 +135,9 @@ def publish(
     if sum((random_ids, id_from is not None, message_id is not None)) > 1:
         raise UsageError("give at most one of --message-id, --id-from and --random-ids")
     ids = IdSource(exchange, routing_key, field=id_from, random=random_ids)
+    edge = _edge(settings, topology, delay_ms)
+    if id_from is not None and edge is not None and edge[1] is not None:
+        _refuse_sensitive_id(id_from, ndjson, edge[1], exchange, routing_key)
     messages: Iterable[OutgoingMessage]
     if body:
         messages = list(
@@ -157,7 +160,6 @@ def publish(
         )
         if id_from is not None:  # every line's id is checked before anything is published
             messages = list(messages)
-    edge = _edge(settings, topology, delay_ms)
     prepare = None
     if edge is not None:
         messages, routed = _at_edge(messages, exchange, routing_key, *edge, delay_ms)
@@ -312,6 +314,24 @@ def _named(message: OutgoingMessage, number: int) -> str:
     if message.derived_at is not None:
         return where
     return f"{where} (message_id {message.message_id})"
+
+
+def _refuse_sensitive_id(
+    id_from: str, ndjson: bool, encryptor: Encryptor, exchange: str, routing_key: str
+) -> None:
+    """UsageError (64) for --id-from naming a field the topology encrypts: the message_id
+    would carry its value in plaintext (in every log line, parking list and export)."""
+    if ndjson and not id_from.startswith("body."):
+        return  # a field of the NDJSON record itself, not of the body
+    field = id_from.removeprefix("body.") if ndjson else id_from
+    paths, _ = encryptor.fields_for(exchange, routing_key)
+    for path in paths:
+        if field == path or field.startswith((path + ".", path + "[")):
+            raise UsageError(
+                f"--id-from {id_from}: {path} is a sensitive field the topology encrypts; as "
+                "the message_id its value would travel in plaintext — take the id from another "
+                "field (nothing was published)"
+            )
 
 
 def _edge_counts(routed: list[Routed]) -> dict[str, object]:

@@ -124,6 +124,21 @@ def test_ndjson_and_body_ids_do_not_confirm_any_guess(adv: Setup) -> None:
     assert all(is_envelope(json.loads(m["body"])["items"][0]["pin"]) for m in got)
 
 
+def test_an_id_taken_from_a_sensitive_field_is_refused(adv: Setup) -> None:
+    body = {"secret": "123456", "n": 1}
+    for args, stdin in (
+        (["--body", json.dumps(body), "--id-from", "secret"], None),
+        (["--ndjson", "--id-from", "body.secret"], json.dumps({"body": body}) + "\n"),
+        (["--id-from", "a"], json.dumps({"a": [{"b": "123456"}]}) + "\n"),  # not an id
+    ):
+        result = adv.run(
+            "publish", "lk", "shape", "--topology", str(adv.topology), *args, stdin=stdin
+        )
+        assert result.returncode in (64, 65), result.stderr
+        assert "123456" not in result.stderr
+    assert depth(adv, "lk.shapes") == 0
+
+
 # --- 7: key ring settings ----------------------------------------------------------------------
 def test_a_bare_key_or_the_json_in_dotenv_is_never_printed(adv: Setup) -> None:
     key = json.loads(adv.ring_file.read_text())["keys"][0]["key"]
