@@ -427,3 +427,32 @@ def test_any_value_at_any_path_round_trips_and_never_shows(value, path, indexed)
 
 
 _RING = generate_keyring()
+
+
+def test_lone_surrogates_refused_in_fields_carried_elsewhere_undecryptable_sealed(ring) -> None:
+    with pytest.raises(DataError, match=r"field tax_id .*lone surrogate"):
+        encrypt_fields(b'{"tax_id": "\\ud83d"}', ["tax_id"], [], ring)
+    with pytest.raises(DataError, match="field customer"):
+        encrypt_fields(b'{"customer": {"x": ["\\udc00"]}}', ["customer"], [], ring)
+    sealed = encrypt_fields(b'{"tax_id": "1", "note": "\\ud83d"}', ["tax_id"], [], ring)
+    assert b'"note":"\\ud83d"' in sealed  # elsewhere: carried, escaped as it came
+    opened = decrypt_fields(sealed, None, ring, first=["tax_id"])
+    assert json.loads(opened) == {"tax_id": "1", "note": "\ud83d"}
+    # an authentic envelope whose plaintext is a lone surrogate: Undecryptable, not a crash
+    import os
+
+    from rmqkit.crypto.envelope import _aad
+
+    nonce = os.urandom(12)
+    ct = ring.cipher(ring.current_id).encrypt(nonce, b'"\\ud83d"', _aad("tax_id", ring.current_id))
+    envelope = {
+        MARKER: 1,
+        "kid": ring.current_id,
+        "n": base64.b64encode(nonce).decode(),
+        "ct": base64.b64encode(ct).decode(),
+    }
+    body = json.dumps({"tax_id": envelope}).encode()
+    for first in (["tax_id"], []):
+        with pytest.raises(Undecryptable) as caught:
+            decrypt_fields(body, None, ring, first=first)
+        assert caught.value.reason == "malformed" and "surrogate" in str(caught.value)
