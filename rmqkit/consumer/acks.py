@@ -5,9 +5,9 @@ the one given. So the tracker keeps the delivery tags in arrival order plus the 
 ones, and acks the longest finished prefix in one frame. A finished tag *past* an unfinished one
 cannot go in that frame (it would ack the unfinished one too): it waits one flush for the
 prefix to reach it (handlers finish slightly out of order all the time), and if it is still
-past an unfinished tag then, it is acked on its own. So a slow message holds its own slot of
-the prefetch window, not the window: every message that finished behind it is acked, and the
-broker sends the next ones.
+past an unfinished tag then and the window is nearly full (or it waited LINGER_MAX_S), it is
+acked on its own. So a slow message holds its own slot of the prefetch window, not the
+window: every message that finished behind it is acked, and the broker sends the next ones.
 
 Tags are per channel: a tracker dies with its channel, and acks for a dead channel are dropped
 (the broker requeues those messages); they are never sent on a new channel.
@@ -27,6 +27,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rmqkit.broker.session import Channel
 
+# A finished tag past an unfinished one is acked alone after this long even while the window
+# has room (a consumer killed meanwhile would otherwise have it handled again).
+LINGER_MAX_S = 0.5
+
 
 class AckTracker:
     """Which delivery tags of one channel are finished, and which of them can be acked how."""
@@ -34,6 +38,7 @@ class AckTracker:
     __slots__ = (
         "_gone",
         "_lingering",
+        "_lingering_since",
         "_open",
         "_order",
         "_ready",
@@ -49,6 +54,7 @@ class AckTracker:
         # no longer block the prefix and are never the tag of a multiple ack.
         self._gone: set[int] = set()
         self._lingering: set[int] = set()  # past the prefix at the last take: acked alone next
+        self._lingering_since = 0.0
         # tag -> (when received, message id): in hand, nothing decided for it yet
         self._open: dict[int, tuple[float, str | None]] = {}
         self.named: set[int] = set()  # tags the watchdog has already reported
@@ -81,15 +87,20 @@ class AckTracker:
         """Whether nothing has been decided for ``tag`` yet (no finish, no nack or reject)."""
         return tag in self._open
 
-    def take_acks(self, *, everything: bool = False) -> tuple[int | None, list[int]]:
+    def take_acks(
+        self, *, everything: bool = False, window: int | None = None
+    ) -> tuple[int | None, list[int]]:
         """What to ack now: the tag for one ``multiple=True`` ack (None: the oldest tag is
         unfinished) and the tags to ack one by one, in increasing order.
 
         A finished tag past an unfinished one is acked alone once it was already waiting at
-        the previous take (``everything``: at once, e.g. at shutdown); the ones finished since
-        then wait one more flush, in case the prefix reaches them.
+        the previous take, and only when that frees a slot the consumer needs: the deliveries
+        not yet acked fill ``window`` (None: always), or it has waited LINGER_MAX_S. Acks one
+        by one cost the quorum queue a command each, and while the window has room nothing
+        waits for them. ``everything``: every finished tag now (shutdown).
         """
         order, ready, gone = self._order, self._ready, self._gone
+        held = len(order) - len(gone)
         last = None
         while order:
             tag = order[0]
@@ -103,13 +114,18 @@ class AckTracker:
             order.popleft()
         alone: list[int] = []
         if ready:  # finished past the first unfinished tag
+            now = monotonic()
             if everything:
                 alone = sorted(ready)
-            elif self._lingering:
+            elif self._lingering and (
+                window is None or held >= window or now - self._lingering_since >= LINGER_MAX_S
+            ):
                 alone = sorted(self._lingering & ready)
             for tag in alone:
                 ready.remove(tag)
                 gone.add(tag)
+            if alone or not self._lingering:
+                self._lingering_since = now
             self._lingering = set(ready)
         elif self._lingering:
             self._lingering = set()
@@ -138,14 +154,17 @@ class AckTracker:
         return len(self._order) - len(self._gone)
 
 
-async def flush_acks(channel: Channel, tracker: AckTracker, *, everything: bool = False) -> int:
-    """Send the acks ``tracker.take_acks`` allows on ``channel`` (the tracker's own: tags are
-    per channel); returns how many deliveries they settled. A channel that fails them is dead:
-    the tracker is marked so, and those messages come back from the broker."""
+async def flush_acks(
+    channel: Channel, tracker: AckTracker, *, everything: bool = False, window: int | None = None
+) -> int:
+    """Send the acks ``tracker.take_acks(everything=, window=)`` allows on ``channel`` (the
+    tracker's own: tags are per channel); returns how many deliveries they settled. A
+    channel that fails them is dead: the tracker is marked so, and those messages come back
+    from the broker."""
     if not tracker.alive:
         return 0
     before = tracker.outstanding
-    last, alone = tracker.take_acks(everything=everything)
+    last, alone = tracker.take_acks(everything=everything, window=window)
     if last is None and not alone:
         return 0
     count = before - tracker.outstanding  # now: deliveries during the awaits would add

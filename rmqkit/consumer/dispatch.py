@@ -146,11 +146,15 @@ class Dispatcher:
         # delivery starts its handler at once: no semaphore on the hot path.
         self.prefetch = min(config.prefetch, config.concurrency or config.prefetch)
         self._flush_threshold = max(1, self.prefetch // 4)
+        # Finished tags past a slow one are acked alone once this many deliveries are unacked
+        # (the broker would soon stop sending): a slow message then holds one slot only.
+        self._alone_window = max(1, self.prefetch - self._flush_threshold)
         # The watchdog: a delivery in hand this long with nothing decided for it is named.
         timeout_s = config.handler_timeout_s or config.consumer_timeout_s / 2
         self._watch_after_s = timeout_s + WATCHDOG_MARGIN_S
         self._watch_every_s = max(1.0, min(self._watch_after_s / 4, 30.0))
         self._watch: asyncio.TimerHandle | None = None
+        self._reflush: asyncio.TimerHandle | None = None  # a flush due for lingering tags
         self._pid = os.getpid()
         self.processed = 0  # deliveries settled in this process (for tests and logs)
         # Set when stuck sync handlers hold the handler threads: the worker exits to be
@@ -348,7 +352,7 @@ class Dispatcher:
         self.metrics.observe_handler(perf_counter() - started)
         return outcome
 
-    def _superseded(self, message_id: str | None, attempt: int, key: str) -> None:
+    def _superseded(self, message_id: str | None, attempt: int, key: str | bytes) -> None:
         self.metrics.superseded()
         log.info(
             "superseded: a newer message with %s=%s arrived; acked without calling the handler",
@@ -477,11 +481,19 @@ class Dispatcher:
     ) -> None:
         """Ack what is finished: the finished prefix in one ``multiple`` ack, the finished tags
         past an unfinished one alone (``everything``: all of them now, e.g. at shutdown)."""
-        count = await flush_acks(channel, tracker, everything=everything)
+        count = await flush_acks(channel, tracker, everything=everything, window=self._alone_window)
         if count:
             self.metrics.acked(count)
-        if tracker.pending_acks and tracker.alive:
-            self._flush_wanted.set()  # finished past a slow one: acked alone at the next flush
+        if tracker.pending_acks and tracker.alive and self._reflush is None:
+            # Finished past a slow one: look again one flush interval later (a timer, not the
+            # event at once: with nothing to ack yet, the flusher would spin and starve the loop).
+            self._reflush = asyncio.get_running_loop().call_later(
+                self.config.ack_flush_s, self._flush_again
+            )
+
+    def _flush_again(self) -> None:
+        self._reflush = None
+        self._flush_wanted.set()
 
     def _finished(self, tracker: AckTracker, tag: int) -> None:
         tracker.finished(tag)
