@@ -99,6 +99,14 @@ def init(dsn: str | Dsn) -> list[str]:
 
     store = Store(dsn)
     statements = ddl(store.dialect)
+    with connect(store.dsn) as conn:
+        # A table of that name that is not rmqkit's (CREATE TABLE IF NOT EXISTS would keep it and
+        # the first index on a column it lacks would fail): one line, 78, nothing changed.
+        try:
+            check_shape(conn, store.dsn)
+        except ConfigError as exc:
+            if not str(exc).startswith(f"{store.dsn.masked} has no table"):
+                raise
     with connect(store.dsn) as conn, transaction(conn):
         if store.dialect.name == "postgresql":
             # Two relays or deploys running init at once: serialise them (CREATE ... IF NOT
@@ -147,17 +155,16 @@ def is_missing_table(exc: BaseException) -> bool:
 
 
 def shape_error(dsn: Dsn, exc: BaseException, missing: list[str]) -> ConfigError:
-    """The one-line error (78) for an outbox table that is absent or lacks ``missing``."""
-    if is_missing_table(exc) or not missing:
-        if not is_missing_table(exc):
-            return ConfigError(
-                f"{dsn.masked}: table {TABLE} cannot be read "
-                f"({(str(exc).strip().splitlines() or ['?'])[0]}) — {INIT_HINT}"
-            )
+    """The one-line error (78) for an outbox table that is absent, or lacks ``missing``."""
+    if is_missing_table(exc):
         return ConfigError(f"{dsn.masked} has no table {TABLE} — {INIT_HINT}")
+    if not missing:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return ConfigError(f"{dsn.masked}: table {TABLE} cannot be read ({reason}) — {INIT_HINT}")
     return ConfigError(
-        f"{dsn.masked}: table {TABLE} has no column(s) {', '.join(missing)} (not the outbox "
-        f"table rmqkit expects) — {INIT_HINT}, or migrate it to docs/outbox.md's schema"
+        f"{dsn.masked}: table {TABLE} has no column(s) {', '.join(missing)}: not the outbox "
+        "table rmqkit expects — migrate it to docs/outbox.md's schema, or rename it and run "
+        "`rmqkit outbox init --dsn ...`"
     )
 
 

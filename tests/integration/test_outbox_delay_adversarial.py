@@ -321,6 +321,7 @@ def test_an_outbox_table_of_another_shape_is_one_line_and_78(vhost: str, tmp_pat
             conn.execute(wrong)
         for dsn in (sqlite_dsn, pg):
             for args, on_vhost in (
+                (["init", "--dsn", dsn], None),  # keeps the table, as it found it
                 (["status", "--dsn", dsn], None),
                 (["relay", "--dsn", dsn, "--once"], vhost),
             ):
@@ -328,5 +329,21 @@ def test_an_outbox_table_of_another_shape_is_one_line_and_78(vhost: str, tmp_pat
                 assert result.returncode == 78, (args, result.stdout + result.stderr)
                 line = _one_line(result.stderr)
                 assert "rmqkit outbox init" in line and "published_at" in line, line
+            assert _indexes_added(dsn) == 0
     finally:
         drop_schema(schema)
+
+
+def _indexes_added(dsn: str) -> int:
+    """How many indexes the other table gained (none: init changed nothing)."""
+    if dsn.startswith("sqlite"):
+        with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
+            sql = "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+            return int(conn.execute(sql).fetchone()[0])
+    with psycopg.connect(dsn) as conn:
+        sql = (
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND "
+            "tablename = 'rmqkit_outbox' AND indexname <> 'rmqkit_outbox_pkey'"
+        )
+        row = conn.execute(sql).fetchone()
+        return int(row[0]) if row else 0
