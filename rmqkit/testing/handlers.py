@@ -1,0 +1,373 @@
+"""``run_handler``: what the consumer would do with one message, without a broker.
+
+The message takes the consumer's own per-message path (rmqkit.consumer.dispatch): the size and
+message-id checks, the attempt number from the headers, the body's encrypted fields (no key ring
+here: a body holding an envelope is undecryptable, as for a consumer without one), the handler
+call with its argument built and validated by rmqkit.consumer.handler, and the decision of
+rmqkit.consumer.decision with the queue's tiers, attempts and permanent errors. Only the
+publishing of the copy and the ack are left out; ``HandlerResult.headers`` is what the copy
+would carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from rmqkit import headers as h
+from rmqkit.consumer import handler as handler_module
+from rmqkit.consumer.attempts import attempt_number, delivery_count
+from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, build_config, policy_from_topology
+from rmqkit.consumer.decision import (
+    Ack,
+    Decision,
+    MissingMessageId,
+    Outcome,
+    Park,
+    Retry,
+    TooLarge,
+    Undecryptable,
+    decide,
+)
+from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
+from rmqkit.consumer.message import Message
+from rmqkit.crypto import Undecryptable as UndecryptableField
+from rmqkit.crypto import decrypt_fields
+from rmqkit.delay import delivered_route
+from rmqkit.errors import RmqkitError, UsageError
+from rmqkit.topology import load_topology
+from rmqkit.topology.model import QueueModel, Topology, TopologyModel
+
+__all__ = ["HandlerAborted", "HandlerResult", "run_handler", "run_handler_async"]
+
+Action = Literal["ack", "retry", "park"]
+DEFAULT_QUEUE = "work"
+
+
+class HandlerAborted(RmqkitError):
+    """The handler raised a BaseException that is not an Exception (KeyboardInterrupt,
+    SystemExit, GeneratorExit, ...): the consumer takes no decision for such a message.
+
+    A worker of ``rmqkit consume`` stops on it without acking: the broker hands the message
+    back, and once the queue's delivery limit is reached it parks it as ``delivery_limit``.
+    The original exception is ``__cause__``."""
+
+
+@dataclass(frozen=True)
+class HandlerResult:
+    """What the consumer would do with the message.
+
+    ``action``: ``"ack"``, ``"retry"`` (a copy to the wait queue ``target_queue`` of tier
+    ``tier``, 0 the first, nominal delay ``delay_s``) or ``"park"`` (a copy to the parking
+    queue with ``reason``: permanent, exhausted, undecodable, ...). ``error_type`` and
+    ``error_message`` are the headers the copy carries (None on ack); ``headers`` the copy's
+    headers ({} on ack); ``attempt`` the number of this delivery. ``outcome`` and ``decision``
+    are the consumer's own objects, for assertions beyond these fields.
+    """
+
+    action: Action
+    attempt: int
+    target_queue: str | None = None
+    tier: int | None = None
+    delay_s: float | None = None
+    reason: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    headers: dict[str, Any] = field(default_factory=dict, hash=False)
+    outcome: Outcome | None = field(default=None, compare=False, repr=False)
+    decision: Decision | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def traceback(self) -> str | None:
+        """The traceback the parked copy carries (None on ack and retry)."""
+        value = self.headers.get(h.TRACEBACK)
+        return value if isinstance(value, str) else None
+
+
+def run_handler(
+    handler: Callable[..., Any] | str | LoadedHandler,
+    body: bytes | str = b"",
+    *,
+    headers: Mapping[str, Any] | None = None,
+    attempt: int | None = None,
+    message_id: str | None = "test-message",
+    exchange: str = "",
+    routing_key: str = "",
+    content_type: str | None = None,
+    correlation_id: str | None = None,
+    redelivered: bool = False,
+    topology: Topology | str | os.PathLike[str] | None = None,
+    queue: str | None = None,
+    max_attempts: int | None = None,
+    retry_delays: Iterable[int | str] | None = None,
+    permanent_errors: Iterable[str] = (),
+    handler_timeout_s: float | None = None,
+    rand: Callable[[], float] | None = None,
+    now: datetime | None = None,
+) -> HandlerResult:
+    """Run ``handler`` on one message as ``rmqkit consume`` would and return its decision.
+
+    ``handler``: a function (``def`` or ``async def``, any signature the consumer accepts) or a
+    ``"module:function"`` spec. ``body``: bytes (a str is encoded as UTF-8). ``headers``: the
+    delivery's headers (copied first; the handler sees the copy, as the consumer hands its
+    delivery's dict over). ``attempt``: the number of this delivery (1: the first), written as
+    the header earlier copies would carry; None reads it from ``headers`` (default 1).
+
+    The queue: ``topology`` (a file path or a loaded Topology) and ``queue`` (its work queue;
+    may be left out when the file has one) give the tiers, ``max_attempts``,
+    ``permanent_errors``, ``handler_timeout``, ``require_message_id`` and
+    ``max_message_bytes`` of that queue. Without a topology the queue has the topology file's
+    defaults, changed by ``retry_delays`` (ms or durations such as ``"5s"``) and
+    ``max_attempts``. ``permanent_errors`` and ``handler_timeout_s`` act as the options of
+    ``rmqkit consume`` do. ``rand`` picks the jitter slot (default random.random), ``now``
+    the failure time written to the headers.
+
+    Raises HandlerAborted when the handler raises a BaseException that is not an Exception,
+    ConfigError when the handler cannot be one, UsageError for bad arguments. Must be called
+    outside a running event loop: in an ``async`` test, ``await run_handler_async(...)``.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise UsageError(
+            "run_handler was called inside a running event loop; in an async test use "
+            "`await rmqkit.testing.run_handler_async(...)` (same arguments)"
+        )
+    result: HandlerResult = asyncio.run(
+        run_handler_async(
+            handler,
+            body,
+            headers=headers,
+            attempt=attempt,
+            message_id=message_id,
+            exchange=exchange,
+            routing_key=routing_key,
+            content_type=content_type,
+            correlation_id=correlation_id,
+            redelivered=redelivered,
+            topology=topology,
+            queue=queue,
+            max_attempts=max_attempts,
+            retry_delays=retry_delays,
+            permanent_errors=permanent_errors,
+            handler_timeout_s=handler_timeout_s,
+            rand=rand,
+            now=now,
+        )
+    )
+    return result
+
+
+async def run_handler_async(
+    handler: Callable[..., Any] | str | LoadedHandler,
+    body: bytes | str = b"",
+    *,
+    headers: Mapping[str, Any] | None = None,
+    attempt: int | None = None,
+    message_id: str | None = "test-message",
+    exchange: str = "",
+    routing_key: str = "",
+    content_type: str | None = None,
+    correlation_id: str | None = None,
+    redelivered: bool = False,
+    topology: Topology | str | os.PathLike[str] | None = None,
+    queue: str | None = None,
+    max_attempts: int | None = None,
+    retry_delays: Iterable[int | str] | None = None,
+    permanent_errors: Iterable[str] = (),
+    handler_timeout_s: float | None = None,
+    rand: Callable[[], float] | None = None,
+    now: datetime | None = None,
+) -> HandlerResult:
+    """``run_handler`` in the running event loop (for ``async`` tests); same arguments."""
+    loaded = _loaded(handler)
+    config = _config(
+        loaded, topology, queue, max_attempts, retry_delays, permanent_errors, handler_timeout_s
+    )
+    raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    delivery_headers = _headers(headers, attempt)
+    outcome, attempt_no, deliveries = await _outcome(
+        loaded,
+        config,
+        raw,
+        delivery_headers,
+        message_id=message_id,
+        exchange=exchange,
+        routing_key=routing_key,
+        content_type=content_type,
+        correlation_id=correlation_id,
+        redelivered=redelivered,
+    )
+    decision = decide(
+        outcome,
+        delivery_headers,
+        config.policy,
+        exchange=exchange,
+        routing_key=routing_key,
+        now=now if now is not None else datetime.now(UTC),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        rand=rand if rand is not None else random.random,
+        delivered=deliveries,
+    )
+    return _result(decision, outcome, attempt_no)
+
+
+def _loaded(handler: Callable[..., Any] | str | LoadedHandler) -> LoadedHandler:
+    if isinstance(handler, LoadedHandler):
+        return handler
+    if isinstance(handler, str):
+        return load_handler(handler)
+    return handler_from_callable(handler)
+
+
+def _config(
+    loaded: LoadedHandler,
+    topology: Topology | str | os.PathLike[str] | None,
+    queue: str | None,
+    max_attempts: int | None,
+    retry_delays: Iterable[int | str] | None,
+    permanent_errors: Iterable[str],
+    handler_timeout_s: float | None,
+) -> ConsumerConfig:
+    """The consumer's configuration of the queue, as ``rmqkit consume`` builds it from a file."""
+    if max_attempts is not None and max_attempts < 1:
+        raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
+    if topology is None:
+        name = queue or DEFAULT_QUEUE
+        settings: dict[str, Any] = {}
+        if retry_delays is not None:
+            settings["retry_delays"] = list(retry_delays)
+        if max_attempts is not None:
+            settings["max_attempts"] = max_attempts
+        try:
+            spec = QueueModel.model_validate(settings)
+        except ValueError as exc:
+            raise UsageError(f"run_handler: {exc}") from None
+        topology = Topology(TopologyModel(queues={name: spec}), source="<run_handler>")
+    else:
+        if retry_delays is not None:
+            raise UsageError("retry_delays comes from the topology when one is given")
+        if not isinstance(topology, Topology):
+            topology = load_topology(Path(topology))
+        names = topology.work_queue_names()
+        if queue is None:
+            if len(names) != 1:
+                raise UsageError(
+                    f"{topology.source} has {len(names)} work queues ({', '.join(names)}); "
+                    "name one with queue="
+                )
+            queue = names[0]
+        name = queue
+    policy = policy_from_topology(topology, name, max_attempts)
+    flags = ConsumerFlags(
+        handler_timeout_s=handler_timeout_s,
+        max_attempts=max_attempts,
+        permanent_errors=tuple(permanent_errors),
+    )
+    return build_config(loaded.spec, name, policy, flags, topology, loaded=loaded)
+
+
+def _headers(headers: Mapping[str, Any] | None, attempt: int | None) -> dict[str, Any]:
+    copy = dict(headers or {})
+    if attempt is not None:
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+            raise UsageError(f"attempt must be an int of at least 1, not {attempt!r}")
+        if attempt > h.COUNT_MAX:
+            raise UsageError(f"attempt must be at most {h.COUNT_MAX}, not {attempt}")
+        if attempt > 1:
+            # The header an earlier copy carries: the number of the delivery that failed.
+            copy[h.ATTEMPT] = attempt - 1
+        else:
+            copy.pop(h.ATTEMPT, None)
+    return copy
+
+
+async def _outcome(
+    loaded: LoadedHandler,
+    config: ConsumerConfig,
+    body: bytes,
+    headers: dict[str, Any],
+    *,
+    message_id: str | None,
+    exchange: str,
+    routing_key: str,
+    content_type: str | None,
+    correlation_id: str | None,
+    redelivered: bool,
+) -> tuple[Outcome, int, int]:
+    """The handler's outcome, as rmqkit.consumer.dispatch reaches it (same checks, same order),
+    with this delivery's attempt number and the broker's delivery count."""
+    attempt = attempt_number(headers, config.queue, wait_queues=config.policy.all_wait_queues)
+    deliveries = delivery_count(headers, redelivered)
+    if config.max_message_bytes is not None and len(body) > config.max_message_bytes:
+        return TooLarge(len(body), config.max_message_bytes), attempt, deliveries
+    if config.require_message_id and not message_id:
+        return MissingMessageId(), attempt, deliveries
+    try:
+        opened = decrypt_fields(body, None, None, first=config.encrypted_fields)
+    except UndecryptableField as exc:
+        return Undecryptable(str(exc), exc.reason), attempt, deliveries
+    shown_exchange, shown_routing_key = delivered_route(exchange, routing_key, headers)
+    message = Message(
+        opened,
+        headers=headers,  # the handler's dict is the one decided on, as in the consumer
+        message_id=message_id,
+        routing_key=shown_routing_key,
+        exchange=shown_exchange,
+        redelivered=redelivered,
+        attempt=attempt,
+        content_type=content_type,
+        correlation_id=correlation_id,
+        delivery_tag=1,
+    )
+    try:
+        outcome = await handler_module.run_handler(
+            loaded,
+            message,
+            timeout_s=config.handler_timeout_s,
+            permanent_types=frozenset(config.policy.permanent_errors),
+        )
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            raise
+        raise HandlerAborted(
+            f"the handler raised {type(exc).__name__}, which is not an Exception: the consumer "
+            "takes no decision for this message (its worker stops without acking it; the "
+            "broker redelivers it, and parks it as delivery_limit at the queue's delivery "
+            "limit). Raise an Exception subclass, rmqkit.Retry or rmqkit.Permanent instead"
+        ) from exc
+    return outcome, attempt, deliveries
+
+
+def _result(decision: Decision, outcome: Outcome, attempt: int) -> HandlerResult:
+    if isinstance(decision, Ack):
+        return HandlerResult("ack", attempt, outcome=outcome, decision=decision)
+    error_type = decision.headers.get(h.ERROR_TYPE)
+    error_message = decision.headers.get(h.ERROR_MESSAGE)
+    common: dict[str, Any] = {
+        "attempt": attempt,
+        "target_queue": decision.target_queue,
+        "error_type": error_type if isinstance(error_type, str) else None,
+        "error_message": error_message if isinstance(error_message, str) else None,
+        "headers": dict(decision.headers),
+        "outcome": outcome,
+        "decision": decision,
+    }
+    if isinstance(decision, Retry):
+        return HandlerResult(
+            "retry", tier=decision.tier_index, delay_s=decision.delay_ms / 1000, **common
+        )
+    assert isinstance(decision, Park)
+    return HandlerResult("park", reason=decision.reason.value, **common)
