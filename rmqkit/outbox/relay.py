@@ -289,20 +289,18 @@ class Relay:
         scope: Any = conn.transaction() if self.pg else contextlib.nullcontext()  # type: ignore[union-attr]
         async with scope:
             limit = self.options.batch
-            try:
-                found = await self._fetch(claim, (*params, limit))
-                held = sorted({str(v[7]) for v in found if v[7] is not None})
-                if self.pg and held:  # queries.py: the second statement puts aggregates in order
-                    free = [int(v[0]) for v in found if v[7] is None]
-                    again = (
-                        self.sql.reclaim_once
-                        if claim == self.sql.claim_once
-                        else self.sql.reclaim_due
-                    )
-                    found = await self._fetch(again, (*params, free, held, limit))
-            finally:
-                if self.pg:  # the writers' locks are needed until that snapshot only
-                    await self._fetch(self.sql.release_writers)
+            found = await self._fetch(claim, (*params, limit))
+            held = sorted({str(v[7]) for v in found if v[7] is not None})
+            if self.pg and held:  # queries.py: the second statement puts aggregates in order
+                free = [int(v[0]) for v in found if v[7] is None]
+                again = (
+                    self.sql.reclaim_once if claim == self.sql.claim_once else self.sql.reclaim_due
+                )
+                found = await self._fetch(again, (*params, free, held, limit))
+            if self.pg:
+                # The writers' locks are needed until that snapshot only. (A claim that failed
+                # leaves them to the connection, which every error path closes.)
+                await self._fetch(self.sql.release_writers)
             rows = [Row.of(v) for v in found]
             if not rows:
                 return 0
