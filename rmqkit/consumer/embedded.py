@@ -178,8 +178,10 @@ class Consumer:
     @property
     def consuming(self) -> bool:
         """Whether every served queue's consumer is registered with the broker right now."""
-        return self._metrics is not None and all(
-            self._metrics.consuming_queue(r.config.queue) for r in self._runners
+        return (
+            bool(self._runners)
+            and self._metrics is not None
+            and all(self._metrics.consuming_queue(r.config.queue) for r in self._runners)
         )
 
     @property
@@ -209,14 +211,31 @@ class Consumer:
                 raise UsageError("this Consumer was stopped; create a new one to consume again")
             if self._task is not None:
                 return
-            await self._prepare()
-            if self._abort:  # stop() while preparing: never consume
-                self._stopped = True
-                if self._server is not None:
-                    await self._server.stop()
-                return
-            self._task = asyncio.create_task(self._serve(), name=f"rmqkit consume {self.queue}")
-            await self._until_consuming(self._task)
+            try:
+                await self._prepare()
+                if self._abort:  # stop() while preparing: never consume
+                    await self._abandon()
+                    self._stopped = True
+                    return
+                self._task = asyncio.create_task(self._serve(), name=f"rmqkit consume {self.queue}")
+                await self._until_consuming(self._task)
+            except BaseException:
+                # Failed, timed out or cancelled while starting: nothing may keep running
+                # (a consumer the app no longer knows of would take messages); start() may
+                # be called again.
+                await self._abandon()
+                raise
+
+    async def _abandon(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # its own cleanup closes the connection
+        if self._server is not None and self._server.started:
+            await self._server.stop()
+        self._server = None
+        self._runners = []
+        self._stopped = self._abort = False
 
     async def _prepare(self) -> None:
         settings, flags, loaded = self._settings, self._flags, self._loaded
@@ -276,10 +295,6 @@ class Consumer:
                 return
             if loop.time() >= deadline:
                 reason = self._metrics_or_fail().not_ready_reason() or "not consuming"
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                self._stopped = True
                 raise BrokerUnavailable(
                     f"{self.queue!r} not consumed after {self._start_timeout_s:g}s ({reason}) "
                     "— check the broker and the log"

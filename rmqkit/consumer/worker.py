@@ -1,4 +1,5 @@
-"""One worker process: logging, handler, metrics endpoint, signals, and the Consumer."""
+"""One worker process: logging, handler, metrics endpoint, signals, and the embedded
+consumer (rmqkit.consumer.embedded) that consumes in it."""
 
 from __future__ import annotations
 
@@ -13,12 +14,10 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from rmqkit.consumer.config import ConsumerConfig
+from rmqkit.consumer.embedded import Consumer
 from rmqkit.consumer.handler import load_handler
 from rmqkit.consumer.health_server import HealthServer
-from rmqkit.consumer.lanes import run_consumers
 from rmqkit.consumer.logs import configure_logging
-from rmqkit.consumer.metrics import ConsumerMetrics
-from rmqkit.consumer.runner import Consumer
 from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.crypto import load_keyring
 from rmqkit.errors import ExitCode, RmqkitError
@@ -94,27 +93,18 @@ async def _main(
     from rmqkit.consumer.handler import LoadedHandler
 
     assert isinstance(handler, LoadedHandler)
-    metrics = ConsumerMetrics(config.queue, config.tier_names)
     # Loaded once, here: every message's envelopes are opened with it (None: no key ring, and a
     # message with an encrypted field is parked undecryptable). A bad ring is fatal (78).
     keyring = load_keyring(*settings.keyring_sources())
-    # One consumer per queue served (the work queue and its lanes, or the partitions), sharing
-    # the worker's metrics and health endpoints (rmqkit.consumer.lanes).
+    # The embedded consumer's own path (rmqkit.Consumer), given the configuration the
+    # supervisor resolved: one consumer per queue served (the work queue and its lanes, or the
+    # partitions), sharing the worker's metrics and health endpoints (rmqkit.consumer.lanes).
     # A restarted worker (cautious) waits for a queue that is missing instead of exiting 78:
     # the supervisor would stop every worker, and with them every other queue they serve.
-    consumers = [
-        Consumer(
-            settings,
-            one,
-            handler,
-            metrics,
-            cautious=cautious,
-            keyring=keyring,
-            missing_is_fatal=not cautious,
-        )
-        for one in (config, *config.siblings)
-    ]
-    threads.extend(c.threads for c in consumers if c.threads is not None)
+    consumer = Consumer._resolved(settings, config, handler, keyring=keyring, cautious=cautious)
+    metrics = consumer.metrics
+    assert metrics is not None
+    threads.extend(c.threads for c in consumer._runners if c.threads is not None)
     loop = asyncio.get_running_loop()
     signals = 0
 
@@ -123,44 +113,33 @@ async def _main(
         signals += 1
         if signals == 1:
             log.info("stopping: finishing in-flight messages (grace %.0fs)", config.grace_s)
-            for consumer in consumers:
-                consumer.stop()
+            consumer.request_stop()
         else:
             log.warning("second signal: stopping now; unacked messages will be redelivered")
             os._exit(ExitCode.INTERRUPTED)
 
+    # The worker process owns its signals (the embedded consumer never installs handlers).
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     if lifeline is not None:
         _watch_lifeline(loop, lifeline, on_signal, config.grace_s)
-    for warning in dict.fromkeys(w for c in consumers for w in c.config.warnings):
-        log.warning("%s", warning)
     server, rebind = None, None
     if config.metrics_port is not None:
         server = HealthServer(metrics, port=config.metrics_port)
         rebind = await _serve(server, restarted=cautious)
-    beat = asyncio.create_task(_heartbeat(metrics))
     try:
-        for consumer in consumers:
-            if consumer.dedupe is not None:  # initialised (else 78) and answering (else 69)
-                await consumer.dedupe.start()
         # Everything loaded so far (modules, the handler's imports, settings) lives as long as
         # the worker: out of the collector's sight, a collection no longer walks it, which cost
         # every message a share (more for bodies parsed to decrypt: bench/consumer_encrypted.py).
         gc.freeze()
-        await run_consumers(consumers)
+        await consumer._serve()  # dedupe store started (78/69 if not usable), then consume
     finally:
-        for consumer in consumers:
-            if consumer.dedupe is not None:
-                await consumer.dedupe.close()
-            consumer.close()
-        beat.cancel()
         if rebind is not None:
             rebind.cancel()
         if server is not None:
             await server.stop()
-    log.info("stopped after %d message(s)", sum(c.processed for c in consumers))
-    if any(c.recycle for c in consumers) and not signals:
+    log.info("stopped after %d message(s)", consumer.processed)
+    if consumer.recycle and not signals:
         return RECYCLE_EXIT_CODE
     return ExitCode.OK
 
@@ -221,10 +200,3 @@ async def _bind_later(server: HealthServer) -> None:
         with contextlib.suppress(RmqkitError):
             await server.start()
     log.info("metrics server listening again")
-
-
-async def _heartbeat(metrics: ConsumerMetrics) -> None:
-    with contextlib.suppress(asyncio.CancelledError):
-        while True:
-            metrics.heartbeat()
-            await asyncio.sleep(1.0)
