@@ -18,20 +18,32 @@ if TYPE_CHECKING:
     from rmqkit.testing.broker import RmqkitBroker
     from rmqkit.testing.handlers import (
         HandlerAborted,
-        HandlerResult,
+        UnawaitedResult,
         run_handler,
         run_handler_async,
+        run_retries,
     )
+    from rmqkit.testing.result import HandlerResult
 
 _LAZY: dict[str, str] = {
     "HandlerAborted": "rmqkit.testing.handlers",
-    "HandlerResult": "rmqkit.testing.handlers",
+    "HandlerResult": "rmqkit.testing.result",
+    "UnawaitedResult": "rmqkit.testing.handlers",
     "run_handler": "rmqkit.testing.handlers",
     "run_handler_async": "rmqkit.testing.handlers",
+    "run_retries": "rmqkit.testing.handlers",
     "RmqkitBroker": "rmqkit.testing.broker",
 }
 
-__all__ = ["HandlerAborted", "HandlerResult", "RmqkitBroker", "run_handler", "run_handler_async"]
+__all__ = [
+    "HandlerAborted",
+    "HandlerResult",
+    "RmqkitBroker",
+    "UnawaitedResult",
+    "run_handler",
+    "run_handler_async",
+    "run_retries",
+]
 
 
 def __getattr__(name: str) -> Any:

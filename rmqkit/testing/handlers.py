@@ -12,26 +12,23 @@ would carry.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import random
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from rmqkit import headers as h
 from rmqkit.consumer import handler as handler_module
 from rmqkit.consumer.attempts import attempt_number, delivery_count
 from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, build_config, policy_from_topology
 from rmqkit.consumer.decision import (
-    Ack,
-    Decision,
     MissingMessageId,
     Outcome,
-    Park,
-    Retry,
     TooLarge,
     Undecryptable,
     decide,
@@ -42,12 +39,19 @@ from rmqkit.crypto import Undecryptable as UndecryptableField
 from rmqkit.crypto import decrypt_fields
 from rmqkit.delay import delivered_route
 from rmqkit.errors import RmqkitError, UsageError
+from rmqkit.testing.result import HandlerResult, result_of
 from rmqkit.topology import load_topology
 from rmqkit.topology.model import QueueModel, Topology, TopologyModel
 
-__all__ = ["HandlerAborted", "HandlerResult", "run_handler", "run_handler_async"]
+__all__ = [
+    "HandlerAborted",
+    "HandlerResult",
+    "UnawaitedResult",
+    "run_handler",
+    "run_handler_async",
+    "run_retries",
+]
 
-Action = Literal["ack", "retry", "park"]
 DEFAULT_QUEUE = "work"
 
 
@@ -60,35 +64,10 @@ class HandlerAborted(RmqkitError):
     The original exception is ``__cause__``."""
 
 
-@dataclass(frozen=True)
-class HandlerResult:
-    """What the consumer would do with the message.
-
-    ``action``: ``"ack"``, ``"retry"`` (a copy to the wait queue ``target_queue`` of tier
-    ``tier``, 0 the first, nominal delay ``delay_s``) or ``"park"`` (a copy to the parking
-    queue with ``reason``: permanent, exhausted, undecodable, ...). ``error_type`` and
-    ``error_message`` are the headers the copy carries (None on ack); ``headers`` the copy's
-    headers ({} on ack); ``attempt`` the number of this delivery. ``outcome`` and ``decision``
-    are the consumer's own objects, for assertions beyond these fields.
-    """
-
-    action: Action
-    attempt: int
-    target_queue: str | None = None
-    tier: int | None = None
-    delay_s: float | None = None
-    reason: str | None = None
-    error_type: str | None = None
-    error_message: str | None = None
-    headers: dict[str, Any] = field(default_factory=dict, hash=False)
-    outcome: Outcome | None = field(default=None, compare=False, repr=False)
-    decision: Decision | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def traceback(self) -> str | None:
-        """The traceback the parked copy carries (None on ack and retry)."""
-        value = self.headers.get(h.TRACEBACK)
-        return value if isinstance(value, str) else None
+class UnawaitedResult(RmqkitError):
+    """An ``async def`` handler returned an awaitable (e.g. ``return send(order)`` with ``send``
+    a coroutine function) instead of awaiting it: the consumer acks such a message as handled,
+    but the returned coroutine never runs. Await it inside the handler."""
 
 
 def run_handler(
@@ -189,7 +168,7 @@ async def run_handler_async(
     now: datetime | None = None,
 ) -> HandlerResult:
     """``run_handler`` in the running event loop (for ``async`` tests); same arguments."""
-    loaded = _loaded(handler)
+    loaded, returned = _watched(_loaded(handler))
     config = _config(
         loaded, topology, queue, max_attempts, retry_delays, permanent_errors, handler_timeout_s
     )
@@ -219,7 +198,59 @@ async def run_handler_async(
         rand=rand if rand is not None else random.random,
         delivered=deliveries,
     )
-    return _result(decision, outcome, attempt_no)
+    if returned:
+        for value in returned:
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited, by the handler's own doing: no warning for it
+        raise UnawaitedResult(
+            f"the async handler {loaded.spec} returned {type(returned[0]).__name__} without "
+            "awaiting it: the consumer would ack the message and the returned awaitable would "
+            "never run; await it in the handler"
+        )
+    return result_of(decision, outcome, attempt_no)
+
+
+def _watched(loaded: LoadedHandler) -> tuple[LoadedHandler, list[Any]]:
+    """``loaded`` with an ``async def`` target wrapped to keep an awaitable it returns (the
+    consumer drops it unawaited); a plain ``def`` returning one is awaited by the consumer."""
+    returned: list[Any] = []
+    if not loaded.is_async:
+        return loaded, returned
+    target = loaded.target
+
+    async def checked(*args: Any) -> Any:
+        result = await target(*args)
+        if inspect.isawaitable(result):
+            returned.append(result)
+        return result
+
+    return replace(loaded, target=checked), returned
+
+
+def run_retries(
+    handler: Callable[..., Any] | str | LoadedHandler,
+    body: bytes | str = b"",
+    **options: Any,
+) -> list[HandlerResult]:
+    """``run_handler`` on the first delivery, then on each retry copy it makes, as the broker
+    brings it back (the copy's headers; from the default exchange with the work queue's name as
+    routing key), until the message is acked or parked. One result per delivery, the last one
+    the ack or park. ``options``: run_handler's keywords (``attempt`` applies to the first)."""
+    results = [run_handler(handler, body, **options)]
+    queue = results[0].headers.get(h.ORIGIN_QUEUE)
+    while results[-1].action == "retry" and len(results) <= _MAX_RETRIES:
+        options = {
+            **options,
+            "headers": results[-1].headers,
+            "attempt": None,
+            "exchange": "",
+            "routing_key": queue if isinstance(queue, str) else "",
+        }
+        results.append(run_handler(handler, body, **options))
+    return results
+
+
+_MAX_RETRIES = 10_000  # far above any max_attempts a topology would have
 
 
 def _loaded(handler: Callable[..., Any] | str | LoadedHandler) -> LoadedHandler:
@@ -349,25 +380,3 @@ async def _outcome(
             "limit). Raise an Exception subclass, rmqkit.Retry or rmqkit.Permanent instead"
         ) from exc
     return outcome, attempt, deliveries
-
-
-def _result(decision: Decision, outcome: Outcome, attempt: int) -> HandlerResult:
-    if isinstance(decision, Ack):
-        return HandlerResult("ack", attempt, outcome=outcome, decision=decision)
-    error_type = decision.headers.get(h.ERROR_TYPE)
-    error_message = decision.headers.get(h.ERROR_MESSAGE)
-    common: dict[str, Any] = {
-        "attempt": attempt,
-        "target_queue": decision.target_queue,
-        "error_type": error_type if isinstance(error_type, str) else None,
-        "error_message": error_message if isinstance(error_message, str) else None,
-        "headers": dict(decision.headers),
-        "outcome": outcome,
-        "decision": decision,
-    }
-    if isinstance(decision, Retry):
-        return HandlerResult(
-            "retry", tier=decision.tier_index, delay_s=decision.delay_ms / 1000, **common
-        )
-    assert isinstance(decision, Park)
-    return HandlerResult("park", reason=decision.reason.value, **common)

@@ -13,7 +13,13 @@ from pydantic import BaseModel
 import rmqkit
 from rmqkit import headers as h
 from rmqkit.errors import ConfigError, UsageError
-from rmqkit.testing import HandlerAborted, run_handler, run_handler_async
+from rmqkit.testing import (
+    HandlerAborted,
+    UnawaitedResult,
+    run_handler,
+    run_handler_async,
+    run_retries,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "tests" / "topologies" / "jobs.toml"  # tiers 1s, 2s; max_attempts 4
@@ -266,3 +272,35 @@ def test_inside_an_event_loop_run_handler_async_is_the_one_to_use() -> None:
         return (await run_handler_async(flaky, b"", attempt=5)).action
 
     assert asyncio.run(main()) == "park"
+
+
+def test_run_retries_follows_the_copies_to_the_end() -> None:
+    results = run_retries(flaky, b"{}", topology=JOBS, exchange="jobs", routing_key="job")
+    assert [(r.action, r.attempt, r.tier) for r in results] == [
+        ("retry", 1, 0),
+        ("retry", 2, 1),
+        ("retry", 3, 1),
+        ("park", 4, None),
+    ]
+    last = results[-1]
+    assert last.reason == "exhausted"
+    # the producer's route is kept although the retries came back through the default exchange
+    assert last.headers[h.ORIGINAL_EXCHANGE] == "jobs"
+    assert last.headers[h.ORIGINAL_ROUTING_KEY] == "job"
+    assert last.headers[h.FIRST_FAILED_AT] == results[0].headers[h.FIRST_FAILED_AT]
+    assert [r.action for r in run_retries(ok_sync, b"")] == ["ack"]
+
+
+def test_an_async_handler_returning_an_unawaited_coroutine_is_refused() -> None:
+    async def send() -> None:
+        raise AssertionError("never runs")
+
+    async def forgets(message: rmqkit.Message) -> object:
+        return send()
+
+    def plain(message: rmqkit.Message) -> object:
+        return send()  # a plain def's awaitable is awaited by the consumer
+
+    with pytest.raises(UnawaitedResult, match="without awaiting"):
+        run_handler(forgets, b"")
+    assert run_handler(plain, b"").error_type == "AssertionError"
