@@ -304,3 +304,29 @@ def test_an_async_handler_returning_an_unawaited_coroutine_is_refused() -> None:
     with pytest.raises(UnawaitedResult, match="without awaiting"):
         run_handler(forgets, b"")
     assert run_handler(plain, b"").error_type == "AssertionError"
+
+
+def test_checks_before_the_handler_too_large_and_missing_message_id(tmp_path: Path) -> None:
+    path = tmp_path / "strict.toml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            [exchanges.s]
+            [queues."s.work"]
+            bind = [{ exchange = "s", routing_key = "s" }]
+            require_message_id = true
+            max_message_bytes = 8
+            """
+        )
+    )
+    calls: list[bytes] = []
+
+    def handler(body: bytes) -> None:
+        calls.append(body)
+
+    assert run_handler(handler, b"123456789", topology=path).reason == "too_large"
+    assert run_handler(handler, b"1", topology=path, message_id=None).reason == (
+        "missing_message_id"
+    )
+    assert run_handler(handler, b"1", topology=path).action == "ack"
+    assert calls == [b"1"]
