@@ -148,6 +148,18 @@ class AckTracker:
             if since < before:
                 yield tag, since, message_id
 
+    def newly_overdue(self, after_s: float) -> list[tuple[int, str | None, float]]:
+        """(tag, message id, age in seconds) of each delivery undecided for more than
+        ``after_s`` that was not reported before; forgets the reported ones once settled."""
+        now = monotonic()
+        overdue = []
+        for tag, since, message_id in self.unsettled_since(now - after_s):
+            if tag not in self.named:
+                self.named.add(tag)
+                overdue.append((tag, message_id, now - since))
+        self.named.intersection_update(self._open)
+        return overdue
+
     @property
     def outstanding(self) -> int:
         """Deliveries not yet settled (in flight or waiting for the ack flush)."""

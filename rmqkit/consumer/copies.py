@@ -25,15 +25,18 @@ Failure path only: nothing here runs for a delivery whose handler succeeded.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import traceback as traceback_module
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from rmqkit import headers as h
 from rmqkit.broker.codec import copy_properties
 from rmqkit.broker.session import Channel, Delivery, Outcome
 from rmqkit.consumer.acks import AckTracker
-from rmqkit.consumer.decision import Park
+from rmqkit.consumer.decision import Park, QueuePolicy, internal_error_park, qualified_type_name
 from rmqkit.consumer.decision import Retry as RetryDecision
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import RefusedCopies
@@ -160,6 +163,76 @@ class CopySender:
                     raise  # the caller settles it (the original would stay in hand)
                 return  # the channel went away meanwhile: the broker requeues it
             tracker.settled_elsewhere(tag)
+
+    async def settle_failure(
+        self,
+        channel: Channel | None,
+        delivered: Delivery,
+        tracker: AckTracker,
+        tag: int,
+        exc: Exception,
+        policy: QueuePolicy,
+        *,
+        host: str,
+        pid: int,
+    ) -> None:
+        """Park a delivery that rmqkit failed on (reason internal_error, with the traceback):
+        with its headers, else (they were what could not be written) without them. If even
+        that copy cannot be published, close the channel so the broker redelivers it (its
+        delivery limit parks it in the end): never leave it unsettled on an open channel."""
+        props = delivered.header.properties
+        extra = {"message_id": props.message_id, "delivery_tag": tag, "queue": policy.queue}
+        log.error(
+            "internal error on a delivery (%s); parking it as internal_error",
+            describe_error(exc),
+            exc_info=exc,
+            extra=extra,
+        )
+        if not tracker.is_open(tag):
+            return  # decided already (the error came after): nothing left to settle
+        trace = h.truncate_traceback("".join(traceback_module.format_exception(exc)))
+        deliver = delivered.delivery
+        for headers in (props.headers, None):
+            try:
+                decision = internal_error_park(
+                    qualified_type_name(type(exc)),
+                    describe_error(exc),
+                    trace,
+                    headers,
+                    policy,
+                    exchange=deliver.exchange or "",
+                    routing_key=deliver.routing_key or "",
+                    now=datetime.now(UTC),
+                    host=host,
+                    pid=pid,
+                )
+                await self.send(channel, delivered, decision, tracker, tag, 1, None)
+                return
+            except Exception as again:
+                exc = again
+        log.error(
+            "delivery %d (message_id %s) cannot be settled (%s); closing the channel so the "
+            "broker redelivers it",
+            tag,
+            props.message_id,
+            describe_error(exc),
+            extra=extra,
+        )
+        if channel is not None and channel.owns(delivered):
+            tracker.alive = False  # its tags die with it: no ack may go out on it any more
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of an exception on one line (for a log line or a header), even when
+    its ``str()`` raises: this runs while settling a delivery rmqkit failed on."""
+    try:
+        text = " ".join(str(exc).split())
+    except Exception:
+        text = "<str() of the error failed>"
+    name = qualified_type_name(type(exc))
+    return f"{name}: {text[:500]}" if text else name
 
 
 def _failure(headers: Mapping[str, Any]) -> tuple[str, str]:

@@ -19,14 +19,12 @@ import contextlib
 import logging
 import os
 import socket
-import traceback as traceback_module
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from time import monotonic, perf_counter
+from time import perf_counter
 from typing import Any
 
-from rmqkit import headers as h
 from rmqkit.broker.codec import Timestamp
 from rmqkit.broker.session import Channel, Delivery
 from rmqkit.consumer.acks import AckTracker, flush_acks
@@ -44,8 +42,6 @@ from rmqkit.consumer.decision import (
     Undecodable,
     Undecryptable,
     decide,
-    internal_error_park,
-    qualified_type_name,
 )
 from rmqkit.consumer.dedupe import DedupeStep
 from rmqkit.consumer.handler import LoadedHandler, run_handler
@@ -84,17 +80,6 @@ def _masked(outcome: Failed | Undecodable, keyring: KeyRing | None) -> Failed | 
         keyring, outcome.exc_type, outcome.exc_message, outcome.traceback, outcome.exception
     )
     return replace(outcome, exc_message=message, traceback=text, exception=None)
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` of an exception on one line (for a log line or a header), even when
-    its ``str()`` raises: this runs while settling a delivery rmqkit failed on."""
-    try:
-        text = " ".join(str(exc).split())
-    except Exception:
-        text = "<str() of the error failed>"
-    name = qualified_type_name(type(exc))
-    return f"{name}: {text[:500]}" if text else name
 
 
 def _traceback_of(outcome: object) -> Callable[[], str] | None:
@@ -396,53 +381,17 @@ class Dispatcher:
     async def _settle_failure(
         self, delivered: Delivery, tracker: AckTracker, tag: int, exc: Exception
     ) -> None:
-        """Park a delivery that rmqkit failed on (reason internal_error, with the traceback);
-        if even that copy cannot be published, close the channel so the broker redelivers it
-        (its delivery limit parks it in the end)."""
-        props = delivered.header.properties
-        extra = {"message_id": props.message_id, "delivery_tag": tag, "queue": self.config.queue}
-        log.error(
-            "internal error on a delivery (%s); parking it as internal_error",
-            _describe(exc),
-            exc_info=exc,
-            extra=extra,
-        )
-        if not tracker.is_open(tag):
-            return  # decided already (the error came after): nothing left to settle
-        trace = h.truncate_traceback("".join(traceback_module.format_exception(exc)))
-        deliver = delivered.delivery
-        headers = props.headers
-        for keep_headers in (True, False):  # the second time without the delivery's headers
-            try:
-                decision = internal_error_park(
-                    qualified_type_name(type(exc)),
-                    _describe(exc),
-                    trace,
-                    headers if keep_headers else None,
-                    self.config.policy,
-                    exchange=deliver.exchange or "",
-                    routing_key=deliver.routing_key or "",
-                    now=datetime.now(UTC),
-                    host=HOST,
-                    pid=self._pid,
-                )
-                await self._copies.send(self._channel, delivered, decision, tracker, tag, 1, None)
-                return
-            except Exception as again:
-                exc = again
-        channel = self._channel
-        log.error(
-            "delivery %d (message_id %s) cannot be settled (%s); closing the channel so the "
-            "broker redelivers it",
+        """Park a delivery rmqkit failed on as internal_error (CopySender.settle_failure)."""
+        await self._copies.settle_failure(
+            self._channel,
+            delivered,
+            tracker,
             tag,
-            props.message_id,
-            _describe(exc),
-            extra=extra,
+            exc,
+            self.config.policy,
+            host=HOST,
+            pid=self._pid,
         )
-        if channel is not None and channel.owns(delivered):
-            tracker.alive = False  # its tags die with it: no ack may go out on it any more
-            with contextlib.suppress(Exception):
-                await channel.close()
 
     # --- the watchdog: deliveries unsettled for too long --------------------------------------
     def _arm_watchdog(self) -> asyncio.TimerHandle:
@@ -453,26 +402,21 @@ class Dispatcher:
         (once per delivery): a hole in the settling would otherwise show only as a stall."""
         self._watch = None
         tracker = self._tracker
-        now = monotonic()
-        for tag, since, message_id in tracker.unsettled_since(now - self._watch_after_s):
-            if tag in tracker.named:
-                continue
-            tracker.named.add(tag)
+        for tag, message_id, age_s in tracker.newly_overdue(self._watch_after_s):
             log.warning(
                 "delivery %d (message_id %s) from %s unsettled for %.0fs, past the handler "
                 "timeout: nothing acked, retried or parked it yet",
                 tag,
                 message_id,
                 self.config.queue,
-                now - since,
+                age_s,
                 extra={
                     "message_id": message_id,
                     "delivery_tag": tag,
                     "queue": self.config.queue,
-                    "age_s": round(now - since, 1),
+                    "age_s": round(age_s, 1),
                 },
             )
-        tracker.named.intersection_update(tag for tag, _, _ in tracker.unsettled_since(now))
         if tracker.outstanding and not self._stopping:
             self._watch = self._arm_watchdog()
 
