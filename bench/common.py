@@ -227,12 +227,24 @@ def run_timed(
     return proc, time.perf_counter() - started, children_cpu() - cpu_before
 
 
-def run_json_worker(cmd: list[str], log_path: Path, timeout_s: float, name: str) -> dict[str, Any]:
+def run_json_worker(
+    cmd: list[str], log_path: Path, timeout_s: float, name: str, *, tree: Path | None = None
+) -> dict[str, Any]:
     """Run worker ``name`` that prints one JSON line last on stdout (stderr to ``log_path``);
-    that line, decoded."""
+    that line, decoded. ``tree``: run it from that checkout instead (its code first on the
+    path), e.g. the code before a change."""
+    env = None
+    if tree is not None:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
     with log_path.open("w") as log:
         proc = subprocess.run(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout_s
+            cmd,
+            cwd=tree or ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            timeout=timeout_s,
         )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:

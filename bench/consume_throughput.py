@@ -29,6 +29,9 @@ Contenders:
 ``rmqkit``        ``rmqkit.consumer.runner.Consumer`` built as ``rmqkit consume`` builds it, every
                   default on: handler timeout watchdog, attempt counting, metrics, batched acks
                   after the handler, publisher confirms on the channel, logging configured.
+``rmqkit-base``   (with ``--base-tree DIR``) the ``rmqkit`` contender as the checkout DIR has
+                  it, e.g. a git worktree of the commit before a change: run in the same
+                  rounds, it compares the code before and after under the same load.
 ``rmqkit-retry``  the same consumer with a handler that fails on attempt 1 and succeeds on
                   attempt 2: each message is copied to a wait queue (confirmed), acked, comes
                   back after ≤ 1 s and is acked. Compared by CPU time per message, since its wall
@@ -63,7 +66,7 @@ TOPOLOGY = common.ROOT / "bench" / "topology.toml"
 QUEUE = "bench.work"
 PREFETCH = 200
 BODY_BYTES = 256
-CONTENDERS = ("aio-pika", "faststream", "rmqkit", "rmqkit-retry")
+CONTENDERS = ("aio-pika", "faststream", "rmqkit", "rmqkit-retry", "rmqkit-base")
 THROUGHPUT = ("aio-pika", "faststream", "rmqkit")
 POLL_S = 0.002  # how often a worker checks whether it is done (the same for every contender)
 RSS_EVERY_S = 0.1
@@ -278,14 +281,32 @@ async def _purge(url: str, names: list[str]) -> None:
 
 
 def _run_worker(
-    contender: str, vhost: str, n: int, log_dir: Path, tag: str, profile: str | None
+    contender: str,
+    vhost: str,
+    n: int,
+    log_dir: Path,
+    tag: str,
+    profile: str | None,
+    base_tree: Path | None = None,
 ) -> dict[str, Any]:
-    cmd = common.worker_cmd(["-m", "bench.consume_throughput"], contender, vhost, n)
+    tree: Path | None = None
+    if contender == "rmqkit-base":
+        # The rmqkit contender as the other tree has it (its own consumer and worker code),
+        # in the same rounds as this tree's: a before/after comparison under the same load.
+        if base_tree is None:
+            raise ValueError("rmqkit-base needs --base-tree")
+        tree = base_tree
+    worker = "rmqkit" if contender == "rmqkit-base" else contender
+    cmd = common.worker_cmd(["-m", "bench.consume_throughput"], worker, vhost, n)
     if profile == "cprofile":
         cmd += ["--cprofile", str(log_dir / f"{tag}.prof")]
     elif profile == "py-spy":  # collapsed stacks: flamegraph.pl, speedscope
         cmd = common.py_spy(cmd, log_dir / f"{tag}.collapsed.txt", rate=500)
-    return common.run_json_worker(cmd, log_dir / f"{tag}.log", WORKER_TIMEOUT_S + 60, contender)
+    result = common.run_json_worker(
+        cmd, log_dir / f"{tag}.log", WORKER_TIMEOUT_S + 60, contender, tree=tree
+    )
+    result["contender"] = contender
+    return result
 
 
 def _faststream_available() -> bool:
@@ -347,6 +368,12 @@ def _summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
             entry["cpu_ratio_vs_aiopika"] = (
                 entry["cpu_us_per_msg_median"] / base["cpu_us_per_msg_median"]
             )
+    if "rmqkit" in summary and "rmqkit-base" in summary:
+        ok, base_tree = summary["rmqkit"], summary["rmqkit-base"]
+        ok["ratio_vs_base_tree"] = ok["msg_per_s_median"] / base_tree["msg_per_s_median"]
+        ok["cpu_ratio_vs_base_tree"] = (
+            ok["cpu_us_per_msg_median"] / base_tree["cpu_us_per_msg_median"]
+        )
     if "rmqkit" in summary and "rmqkit-retry" in summary:
         ok, retry = summary["rmqkit"], summary["rmqkit-retry"]
         retry["cpu_ratio_vs_rmqkit_success"] = (
@@ -378,6 +405,12 @@ def _table(summary: dict[str, Any]) -> str:
             "rmqkit-retry: msg/s is end to end (includes the ≤ 1 s tier wait); CPU per message "
             f"is {retry['cpu_ratio_vs_rmqkit_success']:.2f}x the success path's"
         )
+    if "ratio_vs_base_tree" in summary.get("rmqkit", {}):
+        ok = summary["rmqkit"]
+        lines.append(
+            f"rmqkit vs rmqkit-base (--base-tree): {ok['ratio_vs_base_tree']:.2f}x the rate, "
+            f"{ok['cpu_ratio_vs_base_tree']:.2f}x the CPU per message"
+        )
     lines.append(
         "others: the most CPU other processes took during one of its runs (share of the machine)"
     )
@@ -388,6 +421,10 @@ def orchestrate(args: argparse.Namespace) -> int:
     # SIGTERM: unwind (the vhost is deleted in a finally), as Ctrl-C does
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     contenders = [c for c in CONTENDERS if c in args.only] if args.only else list(CONTENDERS)
+    if "rmqkit-base" in contenders and args.base_tree is None:
+        if args.only:
+            raise SystemExit("rmqkit-base needs --base-tree")
+        contenders.remove("rmqkit-base")
     if "faststream" in contenders and not _faststream_available():
         print("faststream is not installed (pip install -e '.[bench]'): skipping it")
         contenders.remove("faststream")
@@ -419,7 +456,13 @@ def orchestrate(args: argparse.Namespace) -> int:
                         waited = common.wait_quiet(args.quiet_wait) if args.quiet_wait > 0 else 0.0
                         with common.CpuWatch() as watch:
                             result = _run_worker(
-                                contender, vhost, args.messages, log_dir, tag, profile
+                                contender,
+                                vhost,
+                                args.messages,
+                                log_dir,
+                                tag,
+                                profile,
+                                args.base_tree,
                             )
                         left = asyncio.run(common.depths(url, names))
                     except Exception as exc:  # e.g. someone restarted the broker
@@ -524,6 +567,12 @@ def main(argv: list[str] | None = None) -> int:
         "--reruns", type=int, default=1, help="run a disturbed run again, up to this many times"
     )
     parser.add_argument("--log-dir", help="worker logs (and profiles) here (default: a temp dir)")
+    parser.add_argument(
+        "--base-tree",
+        type=Path,
+        help="a checkout of other code (e.g. a git worktree of the commit before a change): "
+        "with --only ... rmqkit-base, its rmqkit consumer runs in the same rounds as this one's",
+    )
     parser.add_argument(
         "--profile",
         choices=("cprofile", "py-spy"),
