@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from pamqp import commands as spec
-
+from rmqkit.broker.codec import Properties
 from rmqkit.broker.management import management
 from rmqkit.broker.session import Outcome, session
 from rmqkit.errors import DataError, UsageError
@@ -104,7 +103,7 @@ class RmqkitBroker:
         (a new one when None). DataError when the broker returns it (routed nowhere) or nacks."""
         raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
         message_id = message_id if message_id is not None else uuid.uuid4().hex
-        properties = spec.Basic.Properties(
+        properties = Properties(
             message_id=message_id,
             headers=dict(headers) if headers else None,
             delivery_mode=2,

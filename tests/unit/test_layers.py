@@ -32,6 +32,7 @@ RANK = {
     # parking call; it needs neither the broker nor a store
     "crypto": 1,
     "delay": 2,  # rmqkit.delay: the delay ladder, declared and counted through broker.session
+    "testing": 8,  # rmqkit.testing: users' test helpers over the consumer, parking and topology
 }
 CLIENT = ("aiormq", "pamqp")
 
