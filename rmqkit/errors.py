@@ -117,6 +117,50 @@ class UnsupportedDependency(ConfigError):
     """
 
 
+class PublishFailed(RmqkitError):
+    """Some messages of a ``rmqkit.Publisher`` call were not confirmed by the broker.
+
+    ``results`` holds one ``rmqkit.PublishResult`` per message of the call, in order:
+    ``confirmed`` ones are in their queues; the others (``unconfirmed``) were returned, refused
+    or their fate is unknown (their ``outcome`` says which). Publishing the unconfirmed ones
+    again with the same message_ids is safe for an idempotent consumer. The subclasses say
+    why, and carry the exit code of that reason (the subclass order matters: the reason's
+    class decides the code).
+    """
+
+    def __init__(self, message: str, results: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.results = results
+
+    @property
+    def confirmed(self) -> tuple[object, ...]:
+        """The results of the messages the broker confirmed."""
+        return tuple(r for r in self.results if getattr(r, "confirmed", False))
+
+    @property
+    def unconfirmed(self) -> tuple[object, ...]:
+        """The results of the messages the broker did not confirm."""
+        return tuple(r for r in self.results if not getattr(r, "confirmed", False))
+
+
+class Unroutable(PublishFailed, DataError):
+    """A published message reached no queue (``mandatory``: returned): exit 65."""
+
+
+class PublisherBusy(PublishFailed, BrokerUnavailable):
+    """The broker refused messages (``basic.nack``), typically a bounded queue with
+    ``overflow = reject-publish`` that is full: retry later (exit 69)."""
+
+
+class PublishInterrupted(PublishFailed, BrokerUnavailable):
+    """The connection was lost (and not re-established), the channel failed, or the broker
+    confirmed nothing for the timeout: the unconfirmed messages' fate is unknown (exit 69)."""
+
+
+class PublisherClosed(UsageError):
+    """A ``rmqkit.Publisher`` was used after ``close()`` (or before it was opened)."""
+
+
 class Interrupted(RmqkitError):
     """The user interrupted the command (Ctrl-C / SIGINT)."""
 
@@ -133,9 +177,14 @@ __all__ = [
     "ExitCode",
     "Interrupted",
     "PartialSuccess",
+    "PublishFailed",
+    "PublishInterrupted",
+    "PublisherBusy",
+    "PublisherClosed",
     "RmqkitError",
     "TopologyConflict",
     "TopologyFileError",
+    "Unroutable",
     "UnsupportedDependency",
     "UsageError",
 ]

@@ -1,0 +1,385 @@
+"""``rmqkit.Publisher``: confirmed, ``mandatory``, persistent publishing for applications.
+
+    async with rmqkit.Publisher.connect(settings, topology="topologies/orders.toml") as pub:
+        result = await pub.publish("orders", "order.created", order, message_id=order.id)
+        results = await pub.publish_many("orders", "order.created", [a, b, c])
+
+Every message is sent on one channel in confirm mode through ``ConfirmedPublisher`` (returns
+matched exactly, ``window`` publishes in flight, the frames of a batch in one write). With a
+topology, each message goes to its lane, gets its delay through the delay ladder and has its
+sensitive fields encrypted (``rmqkit.outbox.edge``: the same edge as ``rmqkit publish`` and
+the outbox relay); a pydantic model body is its JSON by alias with its ``rmqkit.Sensitive``
+fields encrypted. A lost connection is reopened (the configured URLs in order, backoff with
+jitter) and the unsettled messages are sent again under the same message_ids: a message is
+reported confirmed only when the broker confirmed it, duplicates are possible, loss is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Iterable, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from rmqkit.broker.confirms import Outcome
+from rmqkit.broker.session import DEFAULT_WINDOW, Channel, Session, open_session
+from rmqkit.crypto import KeyRing, load_keyring
+from rmqkit.errors import DataError, PublisherClosed, RmqkitError
+from rmqkit.outbox.edge import Edge, Encryptor
+from rmqkit.publishing.prepare import Delay, Prepared, PublishMessage, prepare
+from rmqkit.publishing.results import PublishResult, failure
+from rmqkit.settings import Settings, load_settings
+from rmqkit.topology import Topology
+
+log = logging.getLogger("rmqkit.publisher")
+_SETTLED = {
+    Outcome.CONFIRMED: "confirmed",
+    Outcome.RETURNED: "returned",
+    Outcome.NACKED: "nacked",
+}
+
+
+class Publisher:
+    """Confirmed publishing from application code (module docstring; docs/api.md).
+
+    ``topology``: a ``Topology`` or the path of its file (lanes, default delays, encrypted
+    fields); ``keyring``: for sensitive fields (default: RMQKIT_KEYRING_FILE / RMQKIT_KEYRING
+    of ``settings``); ``window``: unconfirmed messages in flight; ``retry_busy``: send a
+    refused (nacked) message again up to ``busy_retries`` times with backoff;
+    ``reconnect_attempts``: reconnects per call before the rest is reported unconfirmed;
+    ``timeout_s``: give up on messages when the broker has confirmed nothing for that long
+    (a blocked connection, a queue without a leader; None: wait).
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        topology: Topology | str | Path | None = None,
+        keyring: KeyRing | None = None,
+        window: int = DEFAULT_WINDOW,
+        retry_busy: bool = False,
+        busy_retries: int = 8,
+        reconnect_attempts: int = 5,
+        timeout_s: float | None = None,
+        name: str = "rmqkit publisher",
+    ) -> None:
+        self.settings = settings if settings is not None else load_settings()
+        self.edge = Edge(topology)
+        if keyring is None:
+            file, inline = self.settings.keyring_sources()
+            keyring = load_keyring(file, inline)
+        self.encryptor = Encryptor(keyring=keyring, topology=self.edge.topology)
+        self.window = window
+        self.retry_busy = retry_busy
+        self.busy_retries = busy_retries
+        self.reconnect_attempts = reconnect_attempts
+        self.timeout_s = timeout_s
+        self.name = name
+        self._session: Session | None = None
+        self._channel: Channel | None = None
+        self._blocks: AsyncExitStack | None = None
+        self._checked: set[str] = set()  # exchanges known to exist
+        self._lock = asyncio.Lock()  # one (re)connect at a time
+        self._opened = False
+        self._closed = False
+
+    @classmethod
+    def connect(cls, settings: Settings | None = None, **options: Any) -> Publisher:
+        """A Publisher to use as ``async with Publisher.connect(settings, ...) as pub:``
+        (opened on entry, closed on exit); the options of the constructor."""
+        return cls(settings, **options)
+
+    @classmethod
+    def connect_sync(cls, settings: Settings | None = None, **options: Any) -> Any:
+        """An open ``rmqkit.SyncPublisher`` (its own event loop in a thread) for WSGI code."""
+        from rmqkit.publishing.sync import SyncPublisher
+
+        return SyncPublisher(settings, **options)
+
+    async def __aenter__(self) -> Publisher:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
+    async def open(self) -> None:
+        """Connect (the first configured URL that answers): AccessRefused (77),
+        BrokerUnavailable (69)."""
+        if self._closed:
+            raise PublisherClosed("this Publisher is closed — make a new one")
+        self._opened = True
+        await self._link()
+
+    async def close(self) -> None:
+        """Close the connection. Messages not yet confirmed were reported so by their call."""
+        self._closed = True
+        await self._drop()
+
+    # --- publishing --------------------------------------------------------------------------
+    async def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: Any,
+        *,
+        message_id: str | None = None,
+        delay: Delay = None,
+        headers: dict[str, Any] | None = None,
+        content_type: str | None = None,
+        correlation_id: str | None = None,
+        expiration: str | None = None,
+        priority: int | None = None,
+        message_type: str | None = None,
+    ) -> PublishResult:
+        """Publish one message and wait for its confirm. ``body``: bytes, str, a pydantic
+        model (JSON by alias) or a JSON value. ``message_id``: its stable id (default: a new
+        uuid4 hex, kept across resends). ``delay``: a timedelta, seconds or "90s" (None: the
+        work queue's default; 0: none). Raises ``Unroutable`` (65), ``PublisherBusy`` (69) or
+        ``PublishInterrupted`` (69), each with ``.results``."""
+        message = PublishMessage(
+            body,
+            message_id,
+            headers,
+            None,
+            delay,
+            content_type,
+            correlation_id,
+            expiration,
+            priority,
+            message_type,
+        )
+        results = await self.publish_many(exchange, routing_key, [message])
+        return results[0]
+
+    async def publish_many(
+        self,
+        exchange: str,
+        routing_key: str,
+        messages: Iterable[PublishMessage | Any],
+        *,
+        delay: Delay = None,
+        headers: dict[str, Any] | None = None,
+    ) -> list[PublishResult]:
+        """Publish ``messages`` (``rmqkit.publishing.PublishMessage`` objects, or bodies) pipelined,
+        ``window`` in flight; one ``PublishResult`` per message, in order, once every one is
+        settled. ``delay`` / ``headers``: for the bodies given bare. Every message is prepared
+        (serialised, encrypted, routed, headers checked) before the first is sent: a DataError
+        (65) there publishes nothing. If some are not confirmed: the ``PublishFailed``
+        subclass of the first reason, with all the results."""
+        self._usable()
+        items = [
+            m if isinstance(m, PublishMessage) else PublishMessage(m, headers=headers, delay=delay)
+            for m in messages
+        ]
+        ready = [
+            prepare(self.edge, self.encryptor, exchange, routing_key, m, n)
+            for n, m in enumerate(items, start=1)
+        ]
+        if not ready:
+            return []
+        session = await self._link()
+        await self._declare_edge(session, ready)
+        results = await self._deliver(ready)
+        error = failure(results, self._why)
+        if error is not None:
+            raise error
+        return results
+
+    # --- the engine --------------------------------------------------------------------------
+    _why: str | None = None
+
+    async def _deliver(self, ready: Sequence[Prepared]) -> list[PublishResult]:
+        """Send until every message is settled or given up; resend after a lost channel."""
+        outcome: list[str | None] = [None] * len(ready)
+        attempts = [0] * len(ready)
+        todo = list(range(len(ready)))
+        reconnects = busy_rounds = 0
+        self._why = None
+        while todo:
+            try:
+                session = await self._link()
+            except PublisherClosed:
+                raise
+            except RmqkitError as exc:  # no URL answers: the rest is unknown
+                self._why = str(exc)
+                break
+            assert self._channel is not None
+            publisher = self._channel.publisher
+            sent: dict[int, asyncio.Future[Outcome]] = {}
+            lost: BaseException | None = None
+            try:
+                for i in todo:
+                    p = ready[i]
+                    attempts[i] += 1
+                    sent[i] = await publisher.publish(
+                        p.body,
+                        exchange=p.routed.exchange,
+                        routing_key=p.routed.routing_key,
+                        properties=p.properties,
+                    )
+            except Exception as exc:  # the channel or connection went away mid-send
+                lost = exc
+            stalled = not await self._settled(list(sent.values()))
+            again: list[int] = []
+            busy: list[int] = []
+            for i in todo:
+                future = sent.get(i)
+                if future is None or not future.done() or future.cancelled():
+                    again.append(i)
+                elif future.exception() is not None:
+                    lost = lost or future.exception()
+                    again.append(i)
+                else:
+                    settled = future.result()
+                    if settled is Outcome.NACKED and self.retry_busy:
+                        busy.append(i)
+                    outcome[i] = _SETTLED[settled]
+            if stalled:
+                self._why = f"the broker confirmed nothing for {self.timeout_s:g}s"
+                await self._drop()  # what it may still confirm must not be counted
+                break
+            if again:
+                if session.is_closed:
+                    await self._drop()
+                else:  # the channel alone failed: a new one on the same connection
+                    self._drop_channel()
+                reconnects += 1
+                if reconnects > self.reconnect_attempts:
+                    self._why = f"gave up after {self.reconnect_attempts} reconnects: {lost!r}"
+                    break
+                log.warning(
+                    "rmqkit publisher: %d message(s) unsettled after %r; sending them again",
+                    len(again),
+                    lost,
+                )
+                await asyncio.sleep(_backoff(reconnects))
+            if busy and busy_rounds < self.busy_retries:
+                busy_rounds += 1
+                await asyncio.sleep(_backoff(busy_rounds))
+                for i in busy:
+                    outcome[i] = None
+                again += busy
+            todo = sorted(again)
+        return [
+            PublishResult(
+                p.message_id,
+                p.exchange,
+                p.routing_key,
+                outcome[i] == "confirmed",
+                outcome[i] or "unconfirmed",  # type: ignore[arg-type]
+                p.routed.lane,
+                p.routed.applied_ms,
+                attempts[i],
+            )
+            for i, p in enumerate(ready)
+        ]
+
+    async def _settled(self, futures: list[asyncio.Future[Outcome]]) -> bool:
+        """Wait until all ``futures`` are done; False if ``timeout_s`` passed with none settling.
+        One callback per future and an event: no wait() over thousands of futures per turn."""
+        waiting = sum(1 for f in futures if not f.done())
+        if not waiting:
+            return True
+        progress = asyncio.Event()
+
+        def one(_: asyncio.Future[Outcome]) -> None:
+            nonlocal waiting
+            waiting -= 1
+            progress.set()
+
+        for future in futures:
+            if not future.done():
+                future.add_done_callback(one)
+        while waiting:
+            progress.clear()
+            try:
+                await asyncio.wait_for(progress.wait(), self.timeout_s)
+            except TimeoutError:
+                return False
+        return True
+
+    async def _declare_edge(self, session: Session, ready: Sequence[Prepared]) -> None:
+        """The exchanges exist (DataError 65 otherwise, nothing sent); the delay ladder and
+        the exits of delayed messages are declared."""
+        for exchange in {p.routed.exchange for p in ready} - self._checked:
+            await session.require_exchange(exchange)
+            self._checked.add(exchange)
+        if any(p.routed.target is not None for p in ready):
+            failed = await self.edge.declare(session, [p.routed for p in ready])
+            if failed:
+                (exchange, key), error = next(iter(failed.items()))
+                where = f"exchange {exchange!r}" if exchange else f"queue {key!r}"
+                raise DataError(f"delayed messages for {where}: {error} (nothing was published)")
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise PublisherClosed("publish on a closed Publisher — make a new one")
+        if not self._opened:
+            raise PublisherClosed(
+                "the Publisher is not open — use `async with Publisher.connect(...)` or open()"
+            )
+
+    async def _link(self) -> Session:
+        """The open session with a confirm channel, (re)connecting if needed."""
+        async with self._lock:
+            if self._closed:
+                raise PublisherClosed("the Publisher is closed")
+            if self._session is None or self._session.is_closed:
+                await self._drop()
+                self._session = await self._open_session()
+            if self._channel is None or self._channel.is_closed:
+                try:
+                    self._channel = await self._session.channel(confirms=True, window=self.window)
+                except Exception:  # the connection died too, and the client has not seen it
+                    await self._drop()
+                    self._session = await self._open_session()
+                    self._channel = await self._session.channel(confirms=True, window=self.window)
+            return self._session
+
+    async def _open_session(self) -> Session:
+        session = await open_session(self.settings, name=self.name)
+        self._blocks = AsyncExitStack()
+        await self._blocks.enter_async_context(
+            session.reporting_blocks(log.warning, what="publishing")
+        )
+        return session
+
+    def _drop_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            task = asyncio.ensure_future(channel.close())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _drop(self) -> None:
+        session, self._session = self._session, None
+        channel, self._channel = self._channel, None
+        blocks, self._blocks = self._blocks, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                await channel.publisher.close()
+        if blocks is not None:
+            with contextlib.suppress(Exception):
+                await blocks.aclose()
+        if session is not None:
+            # a blocked connection's close is never answered: do not wait on it for long
+            with contextlib.suppress(Exception, TimeoutError):
+                await asyncio.wait_for(session.close(), timeout=5)
+
+
+def _backoff(attempt: int) -> float:
+    ceiling = min(5.0, 0.1 * 2**attempt)
+    return random.uniform(ceiling / 2, ceiling)
