@@ -21,9 +21,14 @@ from rmqkit.errors import (
     ExitCode,
     OutputError,
     PartialSuccess,
+    PublisherBusy,
+    PublisherClosed,
+    PublishFailed,
+    PublishInterrupted,
     RmqkitError,
     TopologyConflict,
     TopologyFileError,
+    Unroutable,
     UnsupportedDependency,
     UsageError,
 )
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
     from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
     from rmqkit.crypto.model import Sensitive
     from rmqkit.idempotency.record import Transaction
+    from rmqkit.publishing import Publisher, PublishMessage, PublishResult, SyncPublisher
     from rmqkit.settings import Settings, load_settings
 
 # public name -> (module, attribute); attribute None: the module itself
@@ -48,6 +54,11 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     # Annotated[str, rmqkit.Sensitive()] on a pydantic model field: encrypted (docs/encryption.md)
     "Sensitive": ("rmqkit.crypto.model", "Sensitive"),
     "Transaction": ("rmqkit.idempotency.record", "Transaction"),
+    # async with rmqkit.Publisher.connect(settings) as pub: confirmed publishing (docs/api.md)
+    "Publisher": ("rmqkit.publishing.publisher", "Publisher"),
+    "SyncPublisher": ("rmqkit.publishing.sync", "SyncPublisher"),
+    "PublishMessage": ("rmqkit.publishing.prepare", "PublishMessage"),
+    "PublishResult": ("rmqkit.publishing.results", "PublishResult"),
     "Settings": ("rmqkit.settings", "Settings"),
     "load_settings": ("rmqkit.settings", "load_settings"),
 }
@@ -82,13 +93,22 @@ __all__ = [
     "OutputError",
     "PartialSuccess",
     "Permanent",
+    "PublishFailed",
+    "PublishInterrupted",
+    "PublishMessage",
+    "PublishResult",
+    "Publisher",
+    "PublisherBusy",
+    "PublisherClosed",
     "Retry",
     "RmqkitError",
     "Sensitive",
     "Settings",
+    "SyncPublisher",
     "TopologyConflict",
     "TopologyFileError",
     "Transaction",
+    "Unroutable",
     "UnsupportedDependency",
     "UsageError",
     "__version__",
