@@ -330,3 +330,23 @@ def test_checks_before_the_handler_too_large_and_missing_message_id(tmp_path: Pa
     )
     assert run_handler(handler, b"1", topology=path).action == "ack"
     assert calls == [b"1"]
+
+
+def test_the_pytest_plugin_is_registered_and_light() -> None:
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    plugins = {e.name: e.value for e in importlib.metadata.entry_points(group="pytest11")}
+    assert plugins.get("rmqkit") == "rmqkit.testing.plugin"
+    # pytest loads it in every run of every project that has rmqkit installed: nothing heavy
+    code = (
+        "import sys, rmqkit.testing.plugin\n"
+        "heavy = ('aio_pika', 'aiormq', 'pamqp', 'httpx', 'pydantic', 'rmqkit.consumer',"
+        " 'rmqkit.broker', 'rmqkit.topology', 'rmqkit.testing.handlers')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
