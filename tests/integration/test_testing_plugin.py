@@ -322,3 +322,52 @@ def test_the_vhost_is_deleted_after_a_failing_test(tmp_path: Path) -> None:
     vhost = found.group(1)
     assert vhost.startswith("rmqkit-pytest-")
     assert broker.api("GET", f"/vhosts/{broker.q(vhost)}").status_code == 404
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this error fails")
+
+
+def odd_failures(message: rmqkit.Message) -> None:
+    if message.message_id == "unprintable":
+        raise Unprintable()
+    raise rmqkit.Retry(delay_s=1e9, reason="later, much later")  # past every tier: the longest
+
+
+def test_an_unprintable_error_and_a_retry_past_every_tier(
+    rmqkit_broker: RmqkitBroker, topology: Path
+) -> None:
+    rmqkit_broker.declare(topology)
+    for message_id in ("unprintable", "far"):
+        rmqkit_broker.publish("tp", "tp", b"{}", message_id=message_id)
+    rmqkit_broker.consume_until_idle(odd_failures, QUEUE, timeout_s=15)
+    parked = _by_id(rmqkit_broker.parked(QUEUE))
+    assert set(parked) == {"unprintable", "far"}
+    for message_id, found in parked.items():
+        predicted = run_retries(
+            odd_failures,
+            b"{}",
+            topology=topology,
+            message_id=message_id,
+            exchange="tp",
+            routing_key="tp",
+        )
+        assert [r.action for r in predicted] == ["retry", "park"]
+        _assert_agree(found, predicted[-1])
+
+
+def test_consume_until_idle_gives_up_after_its_timeout(
+    rmqkit_broker: RmqkitBroker, topology: Path
+) -> None:
+    import time
+
+    def slow(message: rmqkit.Message) -> None:
+        time.sleep(2)
+
+    rmqkit_broker.declare(topology)
+    rmqkit_broker.publish("tp", "tp", b"{}", message_id="slow")
+    with pytest.raises(TimeoutError, match=r"not idle after 0\.5s"):
+        rmqkit_broker.consume_until_idle(slow, QUEUE, timeout_s=0.5)
+    # stopped with its grace: the handler finished and the message was acked, nothing parked
+    assert rmqkit_broker.depths(QUEUE, "tp.work.parking") == {QUEUE: 0, "tp.work.parking": 0}
