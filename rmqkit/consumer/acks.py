@@ -88,7 +88,7 @@ class AckTracker:
         return tag in self._open
 
     def take_acks(
-        self, *, everything: bool = False, window: int | None = None
+        self, *, everything: bool = False, window: int | None = None, prefix_only: bool = False
     ) -> tuple[int | None, list[int]]:
         """What to ack now: the tag for one ``multiple=True`` ack (None: the oldest tag is
         unfinished) and the tags to ack one by one, in increasing order.
@@ -97,7 +97,8 @@ class AckTracker:
         the previous take, and only when that frees a slot the consumer needs: the deliveries
         not yet acked fill ``window`` (None: always), or it has waited LINGER_MAX_S. Acks one
         by one cost the quorum queue a command each, and while the window has room nothing
-        waits for them. ``everything``: every finished tag now (shutdown).
+        waits for them. ``everything``: every finished tag now (shutdown); ``prefix_only``:
+        none alone.
         """
         order, ready, gone = self._order, self._ready, self._gone
         held = len(order) - len(gone)
@@ -117,6 +118,8 @@ class AckTracker:
             now = monotonic()
             if everything:
                 alone = sorted(ready)
+            elif prefix_only:
+                pass
             elif self._lingering and (
                 window is None or held >= window or now - self._lingering_since >= LINGER_MAX_S
             ):
@@ -133,13 +136,9 @@ class AckTracker:
         return last, alone
 
     def take_ack(self) -> int | None:
-        """The tag to ack with ``multiple=True`` now (the finished prefix only), or None.
-
-        Tags finished past an unfinished one stay pending; ``take_acks`` also returns those."""
-        lingering, self._lingering = self._lingering, set()
-        last, _ = self.take_acks()
-        self._lingering = lingering & self._ready
-        return last
+        """The tag to ack with ``multiple=True`` now (the finished prefix only), or None;
+        tags finished past an unfinished one stay pending (``take_acks`` returns those)."""
+        return self.take_acks(prefix_only=True)[0]
 
     def unsettled_since(self, before: float) -> Iterator[tuple[int, float, str | None]]:
         """(tag, when received, message id) of every delivery in hand since before ``before``

@@ -102,6 +102,28 @@ def test_a_slow_head_holds_its_own_tag_only() -> None:
     assert tracker.outstanding == 0 and tracker.pending_acks == 0
 
 
+def test_tags_past_a_slow_one_wait_while_the_window_has_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Acks one by one only when they free a slot the consumer needs (the unacked deliveries
+    fill the window) or after LINGER_MAX_S: otherwise the prefix may still cover them."""
+    from rmqkit.consumer import acks
+
+    tracker = AckTracker()
+    for tag in range(1, 5):
+        tracker.received(tag)
+    tracker.finished(2)
+    tracker.finished(3)
+    assert tracker.take_acks(window=5) == (None, [])
+    assert tracker.take_acks(window=5) == (None, [])  # 4 unacked of a window of 5: room
+    tracker.received(5)
+    assert tracker.take_acks(window=5) == (None, [2, 3])  # 5 unacked: the window is full
+    tracker.finished(4)
+    assert tracker.take_acks(window=5) == (None, [])
+    monkeypatch.setattr(acks, "LINGER_MAX_S", 0.0)
+    assert tracker.take_acks(window=5) == (None, [4])  # waited long enough
+
+
 def test_everything_acks_every_finished_tag_now() -> None:
     tracker = AckTracker()
     for tag in range(1, 5):
