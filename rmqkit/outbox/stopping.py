@@ -33,6 +33,10 @@ class Stopping:
         """Stop (what SIGTERM does)."""
         self.event.set()
 
+    def set(self) -> None:
+        """The same as ``request`` (what an ``asyncio.Event`` in its place offered)."""
+        self.request()
+
     def is_set(self) -> bool:
         """Whether a stop was requested."""
         return self.event.is_set()

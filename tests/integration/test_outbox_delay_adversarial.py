@@ -49,6 +49,7 @@ from tests.integration.test_outbox_delayed import (
     arrived,
     created_at,
     relay_once_with_tap,
+    running_relay,
     sqlite_outbox,
 )
 from tests.integration.test_outbox_lifecycle import _exit_of, _one_line
@@ -65,9 +66,9 @@ def test_the_exit_binding_deleted_while_the_target_exchange_stays(
     exchange, queue = f"bx-{uuid.uuid4().hex[:6]}", f"bq-{uuid.uuid4().hex[:6]}"
     declare(vhost, exchange, queue)
     dsn = sqlite_outbox(tmp_path)
-    relay = relay_process(dsn, vhost, "--poll", "100ms")
+    relay = running_relay(dsn, vhost)
     try:
-        first = add_rows(dsn, exchange, 1, delay="4s")  # due after the relay is up
+        first = add_rows(dsn, exchange, 1)
         assert arrived(vhost, queue, 1, 20) == first
         out = Ladder().out
         path = f"/bindings/{broker.q(vhost)}/e/{broker.q(out)}/e/{broker.q(exchange)}"
@@ -92,7 +93,7 @@ def test_a_queue_target_deleted_under_the_relay_then_declared_again(
     queue = f"tq-{uuid.uuid4().hex[:6]}"
     declare(vhost, f"unused-{queue}", queue)  # a durable queue (the exchange is not used)
     dsn = sqlite_outbox(tmp_path)
-    relay = relay_process(dsn, vhost, "--poll", "100ms")
+    relay = running_relay(dsn, vhost)
 
     def add(count: int, delay: str = "1s") -> list[str]:
         with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
@@ -102,7 +103,7 @@ def test_a_queue_target_deleted_under_the_relay_then_declared_again(
             ]
 
     try:
-        first = add(1, "4s")  # due after the relay is up: through the ladder
+        first = add(1)
         assert arrived(vhost, queue, 1, 20) == first
         gone = broker.api("DELETE", f"/queues/{broker.q(vhost)}/{broker.q(queue)}")
         assert gone.status_code == 204, gone.text
@@ -244,10 +245,9 @@ def test_sigterm_while_the_broker_connection_is_silent(
     declare(vhost, f"unused-{queue}", queue)
     dsn = sqlite_outbox(tmp_path)
     url = with_vhost(f"amqp://guest:guest@127.0.0.1:{proxy.port}/", vhost)
-    relay = relay_process(dsn, vhost, "--poll", "100ms", "--grace", "2s", env={"RMQKIT_URL": url})
+    relay = running_relay(dsn, vhost, "--grace", "2s", env={"RMQKIT_URL": url})
     try:
-        time.sleep(2)  # connected (through the proxy), idle
-        assert relay.poll() is None, relay.communicate()
+        # connected through the proxy (it published a first row), idle
         proxy.silence()
         with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
             ids = [
@@ -264,7 +264,7 @@ def test_sigterm_while_the_broker_connection_is_silent(
     took = time.monotonic() - signalled
     assert code == 0, err
     assert took < 8, f"stopped {took:.1f} s after SIGTERM (grace 2 s)"
-    assert not any(p for p, _, _ in _rows(dsn).values()), _rows(dsn)
+    assert not any(_rows(dsn)[m][0] for m in ids), _rows(dsn)
     after = outbox("relay", "--dsn", dsn, "--once", vhost=vhost)
     assert after.returncode == 0, after.stderr
     assert sorted(arrived(vhost, queue, 5, 10)) == sorted(ids)

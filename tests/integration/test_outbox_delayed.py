@@ -55,6 +55,26 @@ def arrived(vhost: str, queue: str, count: int, timeout_s: float) -> list[str]:
     return got
 
 
+def running_relay(dsn: str, vhost: str, *extra: str, env: dict[str, str] | None = None) -> Any:
+    """A daemon relay, returned once it has published a first (plain) row: the rows a test
+    adds after this are claimed at once, so a delayed one goes through the ladder (a relay
+    still starting would find a short delay already due and publish it straight)."""
+    relay = relay_process(dsn, vhost, "--poll", "100ms", *extra, env=env)
+    ready = f"ready-{uuid.uuid4().hex[:6]}"
+    declare(vhost, f"unused-{ready}", ready)
+    with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
+        mid = rmqkit.outbox.add(conn, exchange="", routing_key=ready, body=b"ready")
+    try:
+        _wait(lambda: _rows(dsn)[mid][0] or relay.poll() is not None, "relay not up", 30)
+        assert relay.poll() is None, relay.communicate()
+    except BaseException:
+        relay.kill()
+        relay.communicate()
+        raise
+    broker.api("DELETE", f"/queues/{broker.q(vhost)}/{broker.q(ready)}")
+    return relay
+
+
 def delete_exchange(vhost: str, exchange: str) -> None:
     response = broker.api("DELETE", f"/exchanges/{broker.q(vhost)}/{broker.q(exchange)}")
     assert response.status_code in (204, 404), response.text
@@ -69,9 +89,9 @@ def test_delayed_rows_after_the_target_exchange_is_deleted_and_declared_again(
     exchange, queue = f"dx-{uuid.uuid4().hex[:6]}", f"dq-{uuid.uuid4().hex[:6]}"
     declare(vhost, exchange, queue)
     dsn = sqlite_outbox(tmp_path)
-    relay = relay_process(dsn, vhost, "--poll", "100ms")
+    relay = running_relay(dsn, vhost)
     try:
-        first = add_rows(dsn, exchange, 1, delay="4s")  # due after the relay is up
+        first = add_rows(dsn, exchange, 1)
         assert arrived(vhost, queue, 1, 20) == first  # the exit is declared and works
         delete_exchange(vhost, exchange)
         declare(vhost, exchange, queue)
@@ -93,9 +113,9 @@ def test_delayed_rows_for_a_missing_exchange_stay_pending_like_plain_ones(
     exchange, queue = f"mx-{uuid.uuid4().hex[:6]}", f"mq-{uuid.uuid4().hex[:6]}"
     declare(vhost, exchange, queue)
     dsn = sqlite_outbox(tmp_path)
-    relay = relay_process(dsn, vhost, "--poll", "100ms")
+    relay = running_relay(dsn, vhost)
     try:
-        first = add_rows(dsn, exchange, 1, delay="4s")  # due after the relay is up
+        first = add_rows(dsn, exchange, 1)
         assert arrived(vhost, queue, 1, 20) == first
         delete_exchange(vhost, exchange)
         delayed = add_rows(dsn, exchange, 5)
@@ -204,3 +224,35 @@ def test_a_delayed_row_enters_the_ladder_with_the_delay_it_has_left(
     # and they arrive: not before add + 3 s
     got = arrived(vhost, queue, 3, 20)
     assert sorted(got) == sorted(ids)
+
+
+def test_the_whole_ladder_deleted_under_a_running_relay(vhost: str, tmp_path: Path) -> None:
+    """An operator deletes the ladder (its exchanges and rungs) under a running relay: delayed
+    rows are held pending with the error, the relay declares the ladder again, and they arrive."""
+    exchange, queue = f"lx-{uuid.uuid4().hex[:6]}", f"lq-{uuid.uuid4().hex[:6]}"
+    declare(vhost, exchange, queue)
+    dsn = sqlite_outbox(tmp_path)
+    relay = running_relay(dsn, vhost)
+    try:
+        first = add_rows(dsn, exchange, 1)
+        assert arrived(vhost, queue, 1, 20) == first
+        ladder = Ladder()
+        for name in ladder.queue_names:
+            broker.api("DELETE", f"/queues/{broker.q(vhost)}/{broker.q(name)}")
+        for name in [ladder.entry, ladder.out, *(ladder.after(b) for b in range(ladder.bits))]:
+            delete_exchange(vhost, name)
+        left = {x["name"] for x in broker.api("GET", f"/exchanges/{broker.q(vhost)}").json()}
+        assert not {n for n in left if n.startswith(ladder.base)}, left
+        later = add_rows(dsn, exchange, 3, delay="5s")  # still delayed when retried
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 40
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += broker.drain(vhost, queue)
+            time.sleep(0.2)
+        assert sorted(m["message_id"] for m in got) == sorted(later), _rows(dsn)
+        assert all("rmqkit-delay-ms" in m["headers"] for m in got)  # through the ladder
+        assert all(_rows(dsn)[m][0] for m in later)
+        assert relay.poll() is None, relay.communicate()
+    finally:
+        out, err = _stop(relay)
+    assert relay.returncode == 0, out + err
