@@ -86,6 +86,7 @@ class Publisher:
         self._blocks: AsyncExitStack | None = None
         self._checked: set[str] = set()  # exchanges known to exist
         self._lock = asyncio.Lock()  # one (re)connect at a time
+        self._checking = asyncio.Lock()
         self._opened = False
         self._closed = False
 
@@ -193,32 +194,33 @@ class Publisher:
             return []
         session = await self._link()
         await self._declare_edge(session, ready)
-        results = await self._deliver(ready)
-        error = failure(results, self._why)
+        results, why = await self._deliver(ready)
+        error = failure(results, why)
         if error is not None:
             raise error
         return results
 
     # --- the engine --------------------------------------------------------------------------
-    _why: str | None = None
-
-    async def _deliver(self, ready: Sequence[Prepared]) -> list[PublishResult]:
-        """Send until every message is settled or given up; resend after a lost channel."""
+    async def _deliver(self, ready: Sequence[Prepared]) -> tuple[list[PublishResult], str | None]:
+        """Send until every message is settled or given up; resend after a lost channel. Also
+        why some were given up (None: none was). Concurrent calls share the channel; each
+        drops only the session or channel it saw fail, never one another call reopened."""
         outcome: list[str | None] = [None] * len(ready)
         attempts = [0] * len(ready)
         todo = list(range(len(ready)))
         reconnects = busy_rounds = 0
-        self._why = None
+        why: str | None = None
         while todo:
             try:
                 session = await self._link()
             except PublisherClosed:
                 raise
             except RmqkitError as exc:  # no URL answers: the rest is unknown
-                self._why = str(exc)
+                why = str(exc)
                 break
-            assert self._channel is not None
-            publisher = self._channel.publisher
+            channel = self._channel
+            assert channel is not None
+            publisher = channel.publisher
             sent: dict[int, asyncio.Future[Outcome]] = {}
             lost: BaseException | None = None
             try:
@@ -249,17 +251,17 @@ class Publisher:
                         busy.append(i)
                     outcome[i] = _SETTLED[settled]
             if stalled:
-                self._why = f"the broker confirmed nothing for {self.timeout_s:g}s"
-                await self._drop()  # what it may still confirm must not be counted
+                why = f"the broker confirmed nothing for {self.timeout_s:g}s"
+                await self._drop(session)  # what it may still confirm must not be counted
                 break
             if again:
                 if session.is_closed:
-                    await self._drop()
+                    await self._drop(session)
                 else:  # the channel alone failed: a new one on the same connection
-                    self._drop_channel()
+                    self._drop_channel(channel)
                 reconnects += 1
                 if reconnects > self.reconnect_attempts:
-                    self._why = f"gave up after {self.reconnect_attempts} reconnects: {lost!r}"
+                    why = f"gave up after {self.reconnect_attempts} reconnects: {lost!r}"
                     break
                 log.warning(
                     "rmqkit publisher: %d message(s) unsettled after %r; sending them again",
@@ -286,13 +288,16 @@ class Publisher:
                 attempts[i],
             )
             for i, p in enumerate(ready)
-        ]
+        ], why
 
     async def _settled(self, futures: list[asyncio.Future[Outcome]]) -> bool:
         """Wait until all ``futures`` are done; False if ``timeout_s`` passed with none settling.
         One callback per future and an event: no wait() over thousands of futures per turn."""
         waiting = sum(1 for f in futures if not f.done())
         if not waiting:
+            return True
+        if self.timeout_s is None:  # no stall clock: one wait, no timer task per call
+            await asyncio.wait([f for f in futures if not f.done()])
             return True
         progress = asyncio.Event()
 
@@ -315,11 +320,14 @@ class Publisher:
     async def _declare_edge(self, session: Session, ready: Sequence[Prepared]) -> None:
         """The exchanges exist (DataError 65 otherwise, nothing sent); the delay ladder and
         the exits of delayed messages are declared."""
-        for exchange in {p.routed.exchange for p in ready} - self._checked:
-            await session.require_exchange(exchange)
-            self._checked.add(exchange)
+        if {p.routed.exchange for p in ready} - self._checked:
+            async with self._checking:  # one probe at a time, not one channel per caller
+                for exchange in sorted({p.routed.exchange for p in ready} - self._checked):
+                    await session.require_exchange(exchange)
+                    self._checked.add(exchange)
         if any(p.routed.target is not None for p in ready):
-            failed = await self.edge.declare(session, [p.routed for p in ready])
+            async with self._checking:
+                failed = await self.edge.declare(session, [p.routed for p in ready])
             if failed:
                 (exchange, key), error = next(iter(failed.items()))
                 where = f"exchange {exchange!r}" if exchange else f"queue {key!r}"
@@ -358,13 +366,18 @@ class Publisher:
         )
         return session
 
-    def _drop_channel(self) -> None:
+    def _drop_channel(self, failed: Channel) -> None:
+        if self._channel is not failed:
+            return  # another call has opened a new one already
         channel, self._channel = self._channel, None
         if channel is not None:
             task = asyncio.ensure_future(channel.close())
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    async def _drop(self) -> None:
+    async def _drop(self, failed: Session | None = None) -> None:
+        """Close the session (only if it is still ``failed``, when given) and its channel."""
+        if failed is not None and self._session is not failed:
+            return  # another call has reconnected already
         session, self._session = self._session, None
         channel, self._channel = self._channel, None
         blocks, self._blocks = self._blocks, None

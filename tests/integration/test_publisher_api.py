@@ -249,8 +249,8 @@ def test_connection_closed_mid_publish_many_reconnects_and_reports_truthfully(
 ) -> None:
     settings = broker.settings_for(vhost)
     name = f"rmqkit-test-publisher-{uuid.uuid4().hex[:8]}"
-    n = 4000
     killed: list[str] = []
+    killed_at: list[int] = []
 
     def kill_when_seen() -> None:
         def ours() -> list[str]:
@@ -267,21 +267,32 @@ def test_connection_closed_mid_publish_many_reconnects_and_reports_truthfully(
 
     async def main() -> list[rmqkit.PublishResult]:
         await declare(settings, "pub.killed")
+        results: list[rmqkit.PublishResult] = []
         async with rmqkit.Publisher.connect(settings, window=20, name=name) as pub:
             killer = asyncio.ensure_future(asyncio.to_thread(kill_when_seen))
-            bodies = [rmqkit.PublishMessage(b"k" * 512, message_id=f"k{i}") for i in range(n)]
-            try:
-                results = await pub.publish_many("pub", "pub.killed", bodies)
-            except rmqkit.PublishFailed as exc:
-                results = list(exc.results)  # type: ignore[arg-type]
+            # batches back to back until the kill has landed (in one of them), then one more
+            for batch in range(40):
+                bodies = [
+                    rmqkit.PublishMessage(b"k" * 512, message_id=f"k{batch}-{i}")
+                    for i in range(500)
+                ]
+                try:
+                    results += await pub.publish_many("pub", "pub.killed", bodies)
+                except rmqkit.PublishFailed as exc:
+                    results += exc.results  # type: ignore[arg-type]
+                if killer.done():
+                    if killed_at:
+                        break
+                    killed_at.append(batch)
             await killer
             return results
 
     results = broker.run(main())
     assert killed, "the connection was never seen to kill"
-    assert len(results) == n
+    n = len(results)
+    assert n == len({r.message_id for r in results}) >= 1000
     in_queue = {m["message_id"] for m in held(vhost, "pub.killed")}
     confirmed = {r.message_id for r in results if r.confirmed}
     assert confirmed <= in_queue, "reported confirmed but not in the queue"
     assert any(r.attempts > 1 for r in results), "nothing was sent again after the kill"
-    assert confirmed == {f"k{i}" for i in range(n)}  # the reconnect sent the rest again
+    assert confirmed == {r.message_id for r in results}  # the reconnect sent the rest again
