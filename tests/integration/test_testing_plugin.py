@@ -143,21 +143,23 @@ def test_run_handler_predicts_what_the_consumer_does(
 
 
 def test_retry_copies_wait_in_the_tier_run_handler_names(
-    rmqkit_broker: RmqkitBroker, topology: Path
+    rmqkit_broker: RmqkitBroker, tmp_path: Path
 ) -> None:
-    rmqkit_broker.declare(topology)
+    # A long tier, so that the copy is still waiting when the consumer is idle.
+    slow = tmp_path / "slow.toml"
+    slow.write_text(TOPOLOGY.replace('retry_delays = ["300ms"]', 'retry_delays = ["30s"]'))
+    rmqkit_broker.declare(slow)
     rmqkit_broker.publish("tp", "tp", b'{"do": "flaky"}', message_id="m1")
-    predicted = run_handler(handle, b'{"do": "flaky"}', topology=topology)
+    predicted = run_handler(handle, b'{"do": "flaky"}', topology=slow)
     assert (predicted.action, predicted.tier, predicted.target_queue) == (
         "retry",
         0,
-        "tp.work.wait.300ms",
+        "tp.work.wait.30s",
     )
     # The first delivery only: the copy is left in its wait queue (not waited for).
     rmqkit_broker.consume_until_idle(handle, QUEUE, waiting=False, idle_s=0.2, timeout_s=10)
-    depths = rmqkit_broker.depths(QUEUE, "tp.work.wait.300ms", "tp.work.parking")
-    assert depths[QUEUE] + depths["tp.work.wait.300ms"] == 1
-    assert depths["tp.work.parking"] == 0
+    depths = rmqkit_broker.depths(QUEUE, "tp.work.wait.30s", "tp.work.parking")
+    assert depths == {QUEUE: 0, "tp.work.wait.30s": 1, "tp.work.parking": 0}
 
 
 # --- adversarial: try to make run_handler and the consumer disagree ------------------------------
