@@ -1,18 +1,12 @@
-"""``rmqkit.Consumer``: the consumer of ``rmqkit consume``, run inside an application's own
-asyncio event loop (a FastAPI lifespan, a worker service, a test).
+"""``rmqkit.Consumer``: the consumer of ``rmqkit consume`` in an application's own asyncio event
+loop (a FastAPI lifespan, a service, a test).
 
-The same path as the command's worker processes: the configuration is resolved by
-rmqkit.consumer.resolve (the queue's lanes or partitions, the wiring checks, the topology's
-tiers and limits), each served queue runs rmqkit.consumer.runner's connection loop with
-rmqkit.consumer.dispatch's per-message path, so decisions, retries, parking, dedupe and metrics
-are those of ``rmqkit consume`` (whose worker, rmqkit.consumer.worker, runs this class too).
-What the embedded consumer leaves to the application: signals (it never installs a handler),
-logging configuration, processes and their supervision.
-
-Stopping: ``stop(grace_s)`` takes no new deliveries, lets the handlers in flight finish within
-the grace, settles them (acks, retry and park copies confirmed first) and closes the connection;
-whatever did not finish was never acked and is redelivered by the broker. Cancelling ``run()``
-(or the task running it) stops at once: nothing unsettled is acked, so the broker redelivers it.
+The command's path: configuration by rmqkit.consumer.resolve (lanes or partitions, wiring checks,
+the topology's tiers and limits), then per served queue rmqkit.consumer.runner's connection loop
+and rmqkit.consumer.dispatch's per-message path; the command's worker (rmqkit.consumer.worker)
+runs this class too. Left to the application: signals (none is installed here), logging
+configuration, processes. ``stop(grace_s)`` drains (no new deliveries; in-flight ones finish
+and are settled; the rest is never acked and comes back); cancelling ``run()`` stops at once.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from rmqkit.broker.session import session
@@ -86,9 +79,9 @@ class Consumer:
         keyring: KeyRing | None = None,
         start_timeout_s: float = 30.0,
     ) -> None:
-        _check_arguments(queue, prefetch, concurrency, max_attempts, handler_timeout_s, grace_s)
-        if start_timeout_s <= 0:
-            raise UsageError(f"start_timeout_s must be above 0, not {start_timeout_s!r}")
+        _check_arguments(
+            queue, prefetch, concurrency, max_attempts, handler_timeout_s, grace_s, start_timeout_s
+        )
         self.queue = queue
         self._loaded = (
             load_handler(handler) if isinstance(handler, str) else handler_from_callable(handler)
@@ -151,9 +144,7 @@ class Consumer:
         self = cls.__new__(cls)
         self.queue = config.queue
         self._loaded, self._settings, self._spec, self._keyring = handler, settings, None, keyring
-        self._start_timeout_s = 0.0
-        self._config, self._server, self._task, self._starting = config, None, None, None
-        self._stopped = self._abort = False
+        self._server, self._task, self._starting, self._stopped = None, None, None, False
         self._build(config, cautious=cautious)
         return self
 
@@ -218,6 +209,7 @@ class Consumer:
                     self._stopped = True
                     return
                 self._task = asyncio.create_task(self._serve(), name=f"rmqkit consume {self.queue}")
+                self._task.add_done_callback(self._report_end)
                 await self._until_consuming(self._task)
             except BaseException:
                 # Failed, timed out or cancelled while starting: nothing may keep running
@@ -225,6 +217,12 @@ class Consumer:
                 # be called again.
                 await self._abandon()
                 raise
+
+    def _report_end(self, task: asyncio.Task[None]) -> None:
+        # An app that only called start() may never await run(): a fatal error that ended
+        # the consumer (access refused, a queue declared otherwise) must still be seen.
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("the consumer of %s stopped: %s (run() raises it)", self.queue, error)
 
     async def _abandon(self) -> None:
         task, self._task = self._task, None
@@ -256,13 +254,13 @@ class Consumer:
         # once running).
         async with session(settings, name=f"rmqkit consume {self.queue} (check)"):
             pass
-        self._build(config, cautious=False)
+        metrics = self._build(config, cautious=False)
         if config.metrics_port is not None:
-            server = HealthServer(self._metrics_or_fail(), port=config.metrics_port)
+            server = HealthServer(metrics, port=config.metrics_port)
             await server.start()  # a port in use: ConfigError (78)
             self._server = server
 
-    def _build(self, config: ConsumerConfig, *, cautious: bool) -> None:
+    def _build(self, config: ConsumerConfig, *, cautious: bool) -> ConsumerMetrics:
         self._config = config
         metrics = self._metrics = ConsumerMetrics(config.queue, config.tier_names)
         # One consumer per served queue (the work queue and its lanes, or the partitions),
@@ -281,10 +279,7 @@ class Consumer:
         ]
         for warning in dict.fromkeys(w for r in self._runners for w in r.config.warnings):
             log.warning("%s", warning)
-
-    def _metrics_or_fail(self) -> ConsumerMetrics:
-        assert self._metrics is not None
-        return self._metrics
+        return metrics
 
     async def _until_consuming(self, task: asyncio.Task[None]) -> None:
         loop = asyncio.get_running_loop()
@@ -294,7 +289,8 @@ class Consumer:
                 task.result()  # the fatal error that ended it; None: stopped while starting
                 return
             if loop.time() >= deadline:
-                reason = self._metrics_or_fail().not_ready_reason() or "not consuming"
+                metrics = self._metrics
+                reason = (metrics.not_ready_reason() if metrics else None) or "not consuming"
                 raise BrokerUnavailable(
                     f"{self.queue!r} not consumed after {self._start_timeout_s:g}s ({reason}) "
                     "— check the broker and the log"
@@ -303,7 +299,8 @@ class Consumer:
 
     async def _serve(self) -> None:
         """Run every served queue's consumer until stopped; release everything after."""
-        beat = asyncio.create_task(_heartbeat(self._metrics_or_fail()))
+        assert self._metrics is not None  # built by start() or _resolved()
+        beat = asyncio.create_task(_heartbeat(self._metrics))
         try:
             for runner in self._runners:
                 if runner.dedupe is not None:  # initialised (else 78) and answering (else 69)
@@ -334,7 +331,7 @@ class Consumer:
         the ``grace_s`` given to the constructor) to finish and are settled; then the
         connection is closed. Messages still unfinished are not acked: the broker redelivers
         them. Before ``start()``, or again after a stop, it does nothing. A fatal error that
-        ended the consumer is not raised here (``run()`` raises it; it is logged)."""
+        ended the consumer is not raised here (``run()`` raises it; it was logged)."""
         task = self._task
         if task is None:
             if self._starting is not None and self._starting.locked():
@@ -342,8 +339,6 @@ class Consumer:
             return
         self.request_stop(grace_s)
         await asyncio.wait({task})
-        if not task.cancelled() and task.exception() is not None:
-            log.error("the consumer of %s had stopped: %s", self.queue, task.exception())
 
     async def run(self) -> None:
         """Consume until stopped (``stop()``, or a fatal error, raised here); starts first if
@@ -366,12 +361,7 @@ class Consumer:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
 
@@ -382,6 +372,7 @@ def _check_arguments(
     max_attempts: int | None,
     handler_timeout_s: float | None,
     grace_s: float,
+    start_timeout_s: float,
 ) -> None:
     """The limits ``rmqkit consume``'s options have, as UsageError naming the argument."""
     if not isinstance(queue, str) or not queue.strip():
@@ -395,6 +386,8 @@ def _check_arguments(
         raise UsageError(f"handler_timeout_s must be above 0, not {handler_timeout_s!r}")
     if not grace_s >= 0:
         raise UsageError(f"grace_s must be 0 or more, not {grace_s!r}")
+    if not start_timeout_s > 0:
+        raise UsageError(f"start_timeout_s must be above 0, not {start_timeout_s!r}")
 
 
 async def _heartbeat(metrics: ConsumerMetrics) -> None:

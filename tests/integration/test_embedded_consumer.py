@@ -238,3 +238,41 @@ def test_fastapi_example_consumes_in_its_lifespan(vhost: str, settings: Settings
         assert [p["headers"][h.PARK_REASON] for p in parked] == ["permanent"]
 
     asyncio.run(main())
+
+
+def test_start_raises_what_consume_exits_on_and_may_be_retried(
+    vhost: str, settings: Settings, tmp_path: Path
+) -> None:
+    async def handle(message: rmqkit.Message) -> None:
+        return None
+
+    path = tmp_path / "emb-start.toml"
+    path.write_text(TOPOLOGY.format(name="emb-start", prefetch=5), encoding="utf-8")
+    queue = "emb-start.work"
+
+    async def main() -> None:
+        down = rmqkit.load_settings(
+            url="amqp://guest:guest@127.0.0.1:5999/", management_url="http://127.0.0.1:15999"
+        )
+        with pytest.raises(rmqkit.BrokerUnavailable):  # exit 69 for `rmqkit consume`
+            await rmqkit.Consumer(handle, queue=queue, topology=path, settings=down).start()
+        with pytest.raises(rmqkit.BrokerUnavailable):  # no topology: management API needed
+            await rmqkit.Consumer(handle, queue=queue, settings=down).start()
+        nowhere = broker.settings_for(f"{vhost}-does-not-exist")
+        with pytest.raises(rmqkit.AccessRefused):  # 77
+            await rmqkit.Consumer(handle, queue=queue, topology=path, settings=nowhere).start()
+        consumer = rmqkit.Consumer(handle, queue=queue, topology=path, settings=settings)
+        with pytest.raises(rmqkit.ConfigError, match="does not exist"):  # 78: not declared
+            await consumer.start()
+        assert not consumer.consuming
+        # the operator declares the topology; the same object starts now
+        await declare_topology(settings, load_topology(path))
+        await consumer.start()
+        assert consumer.consuming
+        await consumer.stop()
+        with pytest.raises(rmqkit.UsageError):
+            rmqkit.Consumer(handle, queue=queue, prefetch=0, settings=settings)
+        with pytest.raises(rmqkit.ConfigError, match="takes no argument"):
+            rmqkit.Consumer(lambda: None, queue=queue, settings=settings)
+
+    asyncio.run(main())
