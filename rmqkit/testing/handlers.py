@@ -88,6 +88,7 @@ def run_handler(
     retry_delays: Iterable[int | str] | None = None,
     permanent_errors: Iterable[str] = (),
     handler_timeout_s: float | None = None,
+    transaction: Any = None,
     rand: Callable[[], float] | None = None,
     now: datetime | None = None,
 ) -> HandlerResult:
@@ -105,12 +106,14 @@ def run_handler(
     ``max_message_bytes`` of that queue. Without a topology the queue has the topology file's
     defaults, changed by ``retry_delays`` (ms or durations such as ``"5s"``) and
     ``max_attempts``. ``permanent_errors`` and ``handler_timeout_s`` act as the options of
-    ``rmqkit consume`` do. ``rand`` picks the jitter slot (default random.random), ``now``
-    the failure time written to the headers.
+    ``rmqkit consume`` do. ``transaction``: the second argument of a handler that takes a
+    ``rmqkit.Transaction`` (required for one; no dedupe store is involved). ``rand`` picks
+    the jitter slot (default random.random), ``now`` the failure time written to the headers.
 
     Raises HandlerAborted when the handler raises a BaseException that is not an Exception,
-    ConfigError when the handler cannot be one, UsageError for bad arguments. Must be called
-    outside a running event loop: in an ``async`` test, ``await run_handler_async(...)``.
+    UnawaitedResult when an ``async def`` handler returns an awaitable, ConfigError when the
+    handler cannot be one, UsageError for bad arguments. Must be called outside a running
+    event loop: in an ``async`` test, ``await run_handler_async(...)``.
     """
     try:
         asyncio.get_running_loop()
@@ -139,6 +142,7 @@ def run_handler(
             retry_delays=retry_delays,
             permanent_errors=permanent_errors,
             handler_timeout_s=handler_timeout_s,
+            transaction=transaction,
             rand=rand,
             now=now,
         )
@@ -164,11 +168,18 @@ async def run_handler_async(
     retry_delays: Iterable[int | str] | None = None,
     permanent_errors: Iterable[str] = (),
     handler_timeout_s: float | None = None,
+    transaction: Any = None,
     rand: Callable[[], float] | None = None,
     now: datetime | None = None,
 ) -> HandlerResult:
     """``run_handler`` in the running event loop (for ``async`` tests); same arguments."""
     loaded, returned = _watched(_loaded(handler))
+    if loaded.takes_transaction and transaction is None:
+        raise UsageError(
+            f"{loaded.spec} takes a rmqkit.Transaction (consume --dedupe): pass "
+            "transaction= (your store's transaction, or a stand-in), or test it with the "
+            "rmqkit_broker fixture and consume_until_idle(..., dedupe=DSN)"
+        )
     config = _config(
         loaded, topology, queue, max_attempts, retry_delays, permanent_errors, handler_timeout_s
     )
@@ -185,6 +196,7 @@ async def run_handler_async(
         content_type=content_type,
         correlation_id=correlation_id,
         redelivered=redelivered,
+        transaction=transaction,
     )
     decision = decide(
         outcome,
@@ -335,6 +347,7 @@ async def _outcome(
     content_type: str | None,
     correlation_id: str | None,
     redelivered: bool,
+    transaction: Any,
 ) -> tuple[Outcome, int, int]:
     """The handler's outcome, as rmqkit.consumer.dispatch reaches it (same checks, same order),
     with this delivery's attempt number and the broker's delivery count."""
@@ -367,6 +380,7 @@ async def _outcome(
             message,
             timeout_s=config.handler_timeout_s,
             permanent_types=frozenset(config.policy.permanent_errors),
+            transaction=transaction,
         )
     except asyncio.CancelledError:
         raise

@@ -350,3 +350,17 @@ def test_the_pytest_plugin_is_registered_and_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_handler_taking_a_transaction_gets_the_one_given() -> None:
+    seen: list[object] = []
+
+    def with_tx(message: rmqkit.Message, tx: rmqkit.Transaction) -> None:
+        seen.append(tx)
+        raise ConnectionError("store down")
+
+    with pytest.raises(UsageError, match="transaction="):
+        run_handler(with_tx, b"")
+    stand_in = object()
+    assert run_handler(with_tx, b"", transaction=stand_in).action == "retry"
+    assert seen == [stand_in]
