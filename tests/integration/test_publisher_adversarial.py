@@ -147,3 +147,25 @@ def test_cancelled_publish_gives_no_result_and_the_publisher_goes_on(vhost: str)
     after = broker.run(main())
     assert [r.confirmed for r in after] == [True]
     assert [m["body"] for m in held(vhost, "adv.cancel")] == [b"next"]
+
+
+def test_thousands_of_concurrent_publish_calls_share_one_channel(vhost: str) -> None:
+    """2,100 ``publish()`` calls gathered at once (more than a connection's 2,047 channels): one
+    probe of the exchange and one confirm window for all, each call its own result."""
+    settings = broker.settings_for(vhost)
+    n = 2100
+
+    async def main() -> list[rmqkit.PublishResult]:
+        await declare(settings, "adv.gather")
+        async with rmqkit.Publisher.connect(settings) as pub:
+            return list(
+                await asyncio.gather(
+                    *(pub.publish("pub", "adv.gather", b"g", message_id=f"g{i}") for i in range(n))
+                )
+            )
+
+    results = broker.run(main())
+    assert [r.message_id for r in results] == [f"g{i}" for i in range(n)]
+    assert all(r.confirmed for r in results)
+    assert broker.depths(vhost, ["adv.gather"])["adv.gather"] == n
+    broker.drain(vhost, "adv.gather")
