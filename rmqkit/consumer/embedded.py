@@ -209,8 +209,8 @@ class Consumer:
                     self._stopped = True
                     return
                 self._task = asyncio.create_task(self._serve(), name=f"rmqkit consume {self.queue}")
-                self._task.add_done_callback(self._report_end)
                 await self._until_consuming(self._task)
+                self._task.add_done_callback(self._report_end)
             except BaseException:
                 # Failed, timed out or cancelled while starting: nothing may keep running
                 # (a consumer the app no longer knows of would take messages); start() may
@@ -221,7 +221,8 @@ class Consumer:
     def _report_end(self, task: asyncio.Task[None]) -> None:
         # An app that only called start() may never await run(): a fatal error that ended
         # the consumer (access refused, a queue declared otherwise) must still be seen.
-        if not task.cancelled() and (error := task.exception()) is not None:
+        # (A failure while start() waits is raised by start() instead.)
+        if task is self._task and not task.cancelled() and (error := task.exception()):
             log.error("the consumer of %s stopped: %s (run() raises it)", self.queue, error)
 
     async def _abandon(self) -> None:
@@ -320,6 +321,8 @@ class Consumer:
     def request_stop(self, grace_s: float | None = None) -> None:
         """Begin a graceful stop and return at once (e.g. from a signal handler): as
         ``stop()``, without waiting for it."""
+        if self._task is None and self._starting is not None and self._starting.locked():
+            self._abort = True  # start() is preparing: it returns without consuming
         for runner in self._runners:
             if grace_s is not None:
                 # Read by the drain when it begins; the grace given last wins.
@@ -332,13 +335,9 @@ class Consumer:
         connection is closed. Messages still unfinished are not acked: the broker redelivers
         them. Before ``start()``, or again after a stop, it does nothing. A fatal error that
         ended the consumer is not raised here (``run()`` raises it; it was logged)."""
-        task = self._task
-        if task is None:
-            if self._starting is not None and self._starting.locked():
-                self._abort = True  # start() is preparing: it returns without consuming
-            return
         self.request_stop(grace_s)
-        await asyncio.wait({task})
+        if self._task is not None:
+            await asyncio.wait({self._task})
 
     async def run(self) -> None:
         """Consume until stopped (``stop()``, or a fatal error, raised here); starts first if

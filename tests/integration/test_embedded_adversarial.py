@@ -276,3 +276,41 @@ def test_connection_closed_by_the_management_api_twice_every_message_accounted_f
         )
 
     asyncio.run(main())
+
+
+def test_permissions_revoked_while_running_end_it_and_run_raises(
+    vhost: str, settings: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = make_topology(tmp_path, vhost, "adv-revoke")
+    queue = "adv-revoke.work"
+    perms = {"configure": ".*", "write": ".*", "read": ".*"}
+
+    async def handle(message: rmqkit.Message) -> None:
+        return None
+
+    async def main() -> None:
+        consumer = rmqkit.Consumer(handle, queue=queue, topology=spec, settings=settings)
+        await consumer.start()
+        running = asyncio.create_task(consumer.run())
+        await asyncio.to_thread(broker.api, "DELETE", f"/permissions/{broker.q(vhost)}/guest")
+        try:
+            for _ in range(100):
+                names = await asyncio.to_thread(_connections_named, f"rmqkit consume {queue}")
+                if names:
+                    break
+                await asyncio.sleep(0.1)
+            for name in names:
+                await asyncio.to_thread(broker.api, "DELETE", f"/connections/{broker.q(name)}")
+            # the reconnect is refused: fatal, as for `rmqkit consume` (exit 77)
+            with pytest.raises(rmqkit.AccessRefused):
+                await asyncio.wait_for(running, timeout=20)
+        finally:
+            await asyncio.to_thread(
+                broker.api, "PUT", f"/permissions/{broker.q(vhost)}/guest", json=perms
+            )
+        assert not consumer.consuming
+        await consumer.stop()  # after a fatal end: returns, raises nothing
+
+    with caplog.at_level("ERROR", logger="rmqkit.consumer"):
+        asyncio.run(main())
+    assert any("stopped" in r.getMessage() for r in caplog.records), caplog.text
