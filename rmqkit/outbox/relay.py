@@ -33,7 +33,6 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,6 +41,7 @@ from rmqkit.errors import BrokerUnavailable, ConfigError, RmqkitError
 from rmqkit.outbox.amqp import Broker, Row
 from rmqkit.outbox.edge import Edge, Encryptor
 from rmqkit.outbox.metrics import RelayMetrics
+from rmqkit.outbox.options import RelayOptions, RelayReport, parse_retention
 from rmqkit.outbox.queries import RETENTION_CHUNK, ids_in, queries_for
 from rmqkit.outbox.rows import planner, route_rows
 from rmqkit.outbox.schema import CHANNEL, REQUIRED_COLUMNS, TABLE, probe_sql, shape_error
@@ -49,6 +49,8 @@ from rmqkit.outbox.stopping import GraceOver, Stopping
 from rmqkit.settings import Settings
 from rmqkit.store import AsyncConnection, Store, map_db_error, open_connection_async
 from rmqkit.store import transaction_async as db_transaction
+
+__all__ = ["Relay", "RelayOptions", "RelayReport", "parse_retention", "run_relay"]
 
 log = logging.getLogger("rmqkit.outbox")
 
@@ -59,41 +61,6 @@ RECONNECT_MAX_S: Final = 30.0
 CLOSE_TIMEOUT_S: Final = 5.0  # a blocked broker never answers connection.close
 _PAUSE_ENV: Final = "RMQKIT_OUTBOX_TEST_PAUSE_BEFORE_MARK"
 _PAUSE_FILE_ENV: Final = "RMQKIT_OUTBOX_TEST_PAUSE_FILE"
-
-
-@dataclass(frozen=True)
-class RelayOptions:
-    """What ``rmqkit outbox relay`` was asked to do."""
-
-    dsn: str
-    batch: int = 200
-    poll_s: float = 0.5
-    once: bool = False
-    retention_s: float | None = 7 * 86400.0
-    metrics_port: int | None = None
-    lease_s: float = 30.0  # SQLite: how long a relay's lease outlives its last renewal
-    listen: bool = True  # PostgreSQL: LISTEN for commits (off: poll only, e.g. behind PgBouncer)
-    pipelined: bool = False  # --order pipelined: a batch's rows of one aggregate in one round trip
-    topology: str | None = None  # --topology: lanes and default delays (docs/outbox.md)
-    grace_s: float = 10.0  # --grace: how long SIGTERM waits for the batch in flight
-
-
-@dataclass
-class RelayReport:
-    """What a relay run did; ``left_pending`` is set by ``--once``."""
-
-    published: int = 0
-    returned: int = 0
-    nacked: int = 0
-    failed: int = 0
-    batches: int = 0
-    left_pending: int = 0
-    errors: dict[str, str] = field(default_factory=dict)  # message_id -> last error (a sample)
-
-    @property
-    def exit_code(self) -> int:
-        """0 when nothing is left pending, 3 (partial) otherwise."""
-        return 3 if self.left_pending else 0
 
 
 class Relay:
@@ -454,15 +421,3 @@ async def _test_pause() -> None:
 async def run_relay(settings: Settings, options: RelayOptions) -> RelayReport:
     """Run one relay (``rmqkit outbox relay``); see ``Relay``."""
     return await Relay(settings, options).run()
-
-
-def parse_retention(text: str) -> float | None:
-    """``--retention``: ``7d``, ``12h``, ``30m`` ... in seconds; ``off`` keeps every row."""
-    from rmqkit.durations import parse_duration_ms
-
-    spelled = text.strip().lower()
-    if spelled in ("off", "none", "0"):
-        return None
-    if spelled.endswith("d") and spelled[:-1].replace(".", "", 1).isdigit():
-        return float(spelled[:-1]) * 86400.0
-    return parse_duration_ms(spelled) / 1000
