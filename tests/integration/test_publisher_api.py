@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 import rmqkit
+from rmqkit.broker.session import session
 from rmqkit.crypto import decrypt_fields, generate_keyring, is_envelope
 from rmqkit.settings import Settings
 from rmqkit.topology import declare_topology, load_topology
@@ -296,3 +297,37 @@ def test_connection_closed_mid_publish_many_reconnects_and_reports_truthfully(
     assert confirmed <= in_queue, "reported confirmed but not in the queue"
     assert any(r.attempts > 1 for r in results), "nothing was sent again after the kill"
     assert confirmed == {r.message_id for r in results}  # the reconnect sent the rest again
+
+
+LANES = """
+[exchanges.media]
+type = "direct"
+[queues."media.work"]
+bind = [{ exchange = "media", routing_key = "media" }]
+retry_delays = []
+[queues."media.work".lanes.big]
+body_over = 1000
+"""
+
+
+def test_topology_lane_by_body_size_is_in_the_result_and_the_lane_queue(
+    vhost: str, tmp_path: Path
+) -> None:
+    settings = broker.settings_for(vhost)
+    path = tmp_path / "lanes.toml"
+    path.write_text(LANES)
+    broker.run(declare_topology(settings, load_topology(path)))
+
+    async def main() -> list[rmqkit.PublishResult]:
+        async with session(settings) as s:  # the lane queue, if declare did not make it
+            if not await s.queue_exists("media.work.lane.big"):
+                queue = {"queue": "media.work.lane.big", "durable": True}
+                await s.declare([], [{**queue, "arguments": {"x-queue-type": "quorum"}}], [])
+        async with rmqkit.Publisher.connect(settings, topology=path) as pub:
+            return await pub.publish_many("media", "media", [b"small", b"B" * 2000])
+
+    small, big = broker.run(main())
+    assert (small.lane, big.lane) == (None, "media.work.lane.big")
+    assert small.confirmed and big.confirmed
+    assert [m["message_id"] for m in held(vhost, "media.work")] == [small.message_id]
+    assert [m["message_id"] for m in held(vhost, "media.work.lane.big")] == [big.message_id]
