@@ -8,13 +8,16 @@ from pathlib import Path
 import typer
 
 from rmqkit.cli.common import run_async, seconds_option, settings_from
-from rmqkit.consumer.config import ConsumerFlags, refuse_without_keyring
+from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, refuse_without_keyring
 from rmqkit.consumer.dedupe import dedupe_config
 from rmqkit.consumer.handler import load_handler
 from rmqkit.consumer.resolve import resolve_config
 from rmqkit.consumer.supervisor import run_supervised
 from rmqkit.crypto import load_keyring
+from rmqkit.durations import format_duration_ms
+from rmqkit.errors import UsageError
 from rmqkit.topology import load_topology
+from rmqkit.topology.locate import locate_topology
 
 
 class LogFormat(StrEnum):
@@ -39,8 +42,15 @@ def consume(
         None,
         "--topology",
         "-t",
-        help="Topology file: delays, attempts and parking come from it "
-        "(else from the broker's declared objects).",
+        help="Topology file: delays, attempts and parking come from it. Without it: "
+        "$RMQKIT_TOPOLOGY, else the files rmqkit.toml names, else the topologies/*.toml "
+        "declaring QUEUE (a queue declared by rmqkit with no file found: exit 78).",
+    ),
+    no_topology: bool = typer.Option(
+        False,
+        "--no-topology",
+        help="Look for no topology file: tiers and parking from the broker's declared "
+        "objects, attempts and permanent errors from the flags or the defaults.",
     ),
     prefetch: int | None = typer.Option(
         None,
@@ -160,8 +170,43 @@ def consume(
     )
     # The key ring is loaded by each worker at start-up; a bad one fails here once (exit 78).
     ring = load_keyring(*settings.keyring_sources())
-    spec = load_topology(topology) if topology is not None else None
+    if topology is not None and no_topology:
+        raise UsageError("--topology and --no-topology exclude each other — give one")
+    spec, source, unlocated = None, "none (--no-topology)", None
+    if topology is not None:
+        spec, source = load_topology(topology), f"{topology} (--topology)"
+    elif not no_topology:
+        # A queue declared from a file keeps that file's attempts and permanent errors: find
+        # it rather than run on defaults that would retry what the file says to park.
+        located = locate_topology(queue, Path.cwd())
+        if located is not None:
+            shown = located.path
+            if shown.is_absolute() and shown.is_relative_to(Path.cwd()):
+                shown = shown.relative_to(Path.cwd())
+            spec, source = located.topology, f"{shown} (found via {located.found_via})"
+        else:
+            source = "none found"
+            unlocated = (
+                "RMQKIT_TOPOLOGY unset, no rmqkit.toml naming one, no topologies/*.toml "
+                f"declaring {queue!r} in {Path.cwd()}"
+            )
     if spec is not None:  # an encrypting queue without a ring would park every message
         refuse_without_keyring(spec, queue, ring is not None)
-    config = run_async(resolve_config(settings, loaded, queue, flags, spec))
+    config = run_async(resolve_config(settings, loaded, queue, flags, spec, unlocated=unlocated))
+    typer.echo(start_line(source, config, spec is None), err=True)
     raise typer.Exit(run_supervised(settings, config, processes))
+
+
+def start_line(source: str, config: ConsumerConfig, defaults: bool) -> str:
+    """Which topology file and settings are in effect, for the first line of the log."""
+    parts = []
+    for one in (config, *config.siblings):
+        policy = one.policy
+        retry = "/".join(format_duration_ms(d) for d in policy.retry_delays_ms) or "none"
+        permanent = ", ".join(sorted(policy.permanent_errors)) or "none"
+        parts.append(
+            f"queue {one.queue}: max_attempts={policy.max_attempts}, retry {retry}, "
+            f"permanent: {permanent}, prefetch {one.prefetch}"
+        )
+    note = " (no topology file: built-in defaults where the flags say nothing)" if defaults else ""
+    return f"rmqkit consume: topology: {source}{note}; " + "; ".join(parts)

@@ -7,8 +7,9 @@ here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from rmqkit.consumer.decision import QueuePolicy
 from rmqkit.consumer.loading import LoadedHandler, type_label
@@ -239,6 +240,36 @@ def build_config(
         dedupe=flags.dedupe,
         conflate_key_header=flags.conflate_key_header or None,
         encrypted_fields=(*encrypted, *(p for p in marked if p not in encrypted)),
+    )
+
+
+def rmqkit_wiring(queues: Mapping[str, Any], queue: str) -> str | None:
+    """What shows that ``queue`` was declared by rmqkit (from a topology file), or None: it
+    dead-letters to a queue, or ``<queue>.parking`` / ``<queue>.wait.*`` queues exist."""
+    work = queues.get(queue)
+    arguments: Mapping[str, Any] = getattr(work, "arguments", None) or {}
+    target = arguments.get("x-dead-letter-routing-key")
+    if "x-dead-letter-exchange" in arguments and target:
+        return f"it dead-letters to {target!r}"
+    if f"{queue}.parking" in queues:
+        return f"queue {queue + '.parking'!r} exists"
+    waits = sorted(n for n in queues if n.startswith(f"{queue}.wait."))
+    if waits:
+        return f"wait queue {waits[0]!r} exists"
+    return None
+
+
+def refuse_unlocated(queues: Mapping[str, Any], queue: str, looked: str) -> None:
+    """ConfigError (78) when ``queue`` carries rmqkit wiring but no topology file was found:
+    its max_attempts and permanent errors live in that file, and running on the defaults
+    would retry what it says to park."""
+    evidence = rmqkit_wiring(queues, queue)
+    if evidence is None:
+        return
+    raise ConfigError(
+        f"queue {queue!r} was declared from a topology file ({evidence}) but none was found "
+        f"({looked}) — pass --topology FILE, set RMQKIT_TOPOLOGY, or --no-topology to run on "
+        f"the defaults ({DEFAULT_MAX_ATTEMPTS} attempts, no permanent errors)"
     )
 
 

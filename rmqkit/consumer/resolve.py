@@ -18,6 +18,7 @@ from rmqkit.consumer.config import (
     ConsumerFlags,
     build_config,
     policy_from_topology,
+    refuse_unlocated,
 )
 from rmqkit.consumer.lanes import Served, served_from_names, served_from_topology
 from rmqkit.consumer.loading import LoadedHandler
@@ -41,12 +42,17 @@ async def resolve_config(
     queue: str,
     flags: ConsumerFlags,
     spec: Topology | None,
+    *,
+    unlocated: str | None = None,
 ) -> ConsumerConfig:
     """The consumer's configuration: QUEUE's, with its lanes or partitions as siblings
     (rmqkit.consumer.lanes), each checked and configured like a work queue of its own.
 
     Without a topology file the management API must answer (BrokerUnavailable 69,
-    AccessRefused 77): the tiers and the parking target are read from the broker."""
+    AccessRefused 77): the tiers and the parking target are read from the broker.
+    ``unlocated`` (``rmqkit consume`` found no topology file; the text says where it looked):
+    a queue that carries rmqkit wiring is refused (ConfigError 78) — its attempts and
+    permanent errors are in a file, and the defaults would silently replace them."""
     # One management API snapshot: the settings in effect on every queue, to check the wiring
     # (and, without a topology, to read the tiers and parking target from).
     snapshot: Snapshot | None
@@ -63,6 +69,8 @@ async def resolve_config(
             f"could not check the queues' wiring through the management API ({exc}); "
             "a policy that removes a dead-letter route would go unnoticed"
         )
+    if spec is None and unlocated is not None and snapshot is not None:
+        refuse_unlocated(snapshot.queues, queue, unlocated)
     if spec is not None:
         served = served_from_topology(spec, queue)
     else:
