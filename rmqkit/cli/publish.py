@@ -25,6 +25,7 @@ from rmqkit.publish import (
     messages_from_ndjson,
     publish_messages,
 )
+from rmqkit.publishing.edge import at_edge
 from rmqkit.settings import Settings
 
 if TYPE_CHECKING:
@@ -270,26 +271,30 @@ def _at_edge(
         key = message.routing_key if message.routing_key is not None else routing_key
         message_id = message.message_id
         try:
-            body = message.body
-            if encryptor is not None:
-                body = encryptor.encrypt(exchange, key, body, message.headers)
-                if message.derived_at is not None and body is not message.body:
-                    assert encryptor.keyring is not None  # encrypt refuses without one
-                    message_id = derived_message_id(
-                        exchange,
-                        key,
-                        message.derived_at,
-                        message.body,
-                        keyed=encryptor.keyring.index_digest,
-                    )
-            where = edge.route(
+            body, where = at_edge(
+                edge,
+                encryptor,
                 exchange,
                 key,
+                message.body,
                 message.headers,
-                len(body),
                 delay_ms=delay_ms,
                 expiration=message.expiration,
             )
+            # a derived id of a body with sensitive fields (encrypted: a new object) is keyed
+            if (
+                encryptor is not None
+                and message.derived_at is not None
+                and body is not message.body
+            ):
+                assert encryptor.keyring is not None  # encrypt refuses without one
+                message_id = derived_message_id(
+                    exchange,
+                    key,
+                    message.derived_at,
+                    message.body,
+                    keyed=encryptor.keyring.index_digest,
+                )
         except DataError as exc:
             raise DataError(f"{_named(message, number)}: {exc}") from None
         routed.append(where)

@@ -17,6 +17,7 @@ from rmqkit.broker.codec import Properties
 from rmqkit.durations import parse_delay_ms
 from rmqkit.errors import DataError, UsageError
 from rmqkit.outbox.edge import Edge, Encryptor, Routed
+from rmqkit.publishing.edge import at_edge
 
 Delay = timedelta | str | int | float | None  # int/float: seconds; str: "90s", "5m"
 JSON = "application/json"
@@ -106,14 +107,16 @@ def prepare(
         raise DataError(f"message {number}: message_id must be a non-empty str of <= 255 bytes")
     body, implied, model = body_bytes(message.body)
     try:
-        body = encryptor.encrypt(exchange, key, body, message.headers, model=model)
-        routed = edge.route(
+        body, routed = at_edge(
+            edge,
+            encryptor,
             exchange,
             key,
+            body,
             message.headers,
-            len(body),
             delay_ms=delay_ms_of(message.delay),
             expiration=message.expiration,
+            model=model,
         )
     except DataError as exc:
         raise DataError(f"message {number} (message_id {message_id}): {exc}") from None
