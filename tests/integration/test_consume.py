@@ -185,7 +185,7 @@ def test_without_topology_the_queue_settings_come_from_the_broker(
     mid = uuid.uuid4().hex
     broker.publish_with_ids(jobs_vhost, "jobs", "job", [(mid, body(id=mid, fail=1))])
     ledger = tmp_path / "ledger.db"
-    consumer = ConsumerProcess(jobs_vhost, ledger, topology=None)
+    consumer = ConsumerProcess(jobs_vhost, ledger, "--no-topology", topology=None)
     consumers.append(consumer)
     assert wait_until(lambda: effects(ledger)[mid] == 1, timeout_s=20), consumer.output()
     assert consumer.stop() == 0

@@ -119,7 +119,12 @@ def test_consume_without_a_topology_finds_the_lanes_on_the_broker(
     declare_lanes(vhost)
     ledger = tmp_path / "ledger.db"
     consumer = ConsumerProcess(
-        vhost, ledger, handler="tests.flow_handlers:timed", queue=WORK, topology=None
+        vhost,
+        ledger,
+        "--no-topology",
+        handler="tests.flow_handlers:timed",
+        queue=WORK,
+        topology=None,
     )
     try:
         broker.publish_with_ids(vhost, "", LANE, bodies("slow", 3, 0.0))
