@@ -169,3 +169,56 @@ def test_thousands_of_concurrent_publish_calls_share_one_channel(vhost: str) -> 
     assert all(r.confirmed for r in results)
     assert broker.depths(vhost, ["adv.gather"])["adv.gather"] == n
     broker.drain(vhost, "adv.gather")
+
+
+def test_connection_killed_without_reconnects_reports_the_unconfirmed(vhost: str) -> None:
+    """``reconnect_attempts=0``: the batch the kill lands in raises PublishInterrupted (69);
+    what it reports confirmed is in the queue, the rest is listed unconfirmed, and the next call
+    connects again."""
+    settings = broker.settings_for(vhost)
+    name = f"rmqkit-test-noreconnect-{uuid.uuid4().hex[:8]}"
+
+    def kill_when_seen() -> None:
+        def ours() -> list[str]:
+            listed = broker.api("GET", f"/vhosts/{broker.q(vhost)}/connections").json()
+            return [
+                c["name"]
+                for c in listed
+                if c.get("client_properties", {}).get("connection_name") == name
+            ]
+
+        for conn_name in broker.wait_for(ours, timeout_s=20, interval_s=0.05):
+            broker.api("DELETE", f"/connections/{broker.q(conn_name)}")
+
+    async def main() -> tuple[list[rmqkit.PublishResult], list[Any], rmqkit.PublishResult]:
+        await declare(settings, "adv.noreconnect")
+        ok: list[rmqkit.PublishResult] = []
+        failed: list[Any] = []
+        async with rmqkit.Publisher.connect(
+            settings, window=20, name=name, reconnect_attempts=0
+        ) as pub:
+            killer = asyncio.ensure_future(asyncio.to_thread(kill_when_seen))
+            for batch in range(60):
+                if killer.done():  # it landed between two batches: kill the new connection
+                    killer = asyncio.ensure_future(asyncio.to_thread(kill_when_seen))
+                bodies = [
+                    rmqkit.PublishMessage(b"n" * 512, message_id=f"n{batch}-{i}")
+                    for i in range(500)
+                ]
+                try:
+                    ok += await pub.publish_many("pub", "adv.noreconnect", bodies)
+                except rmqkit.PublishInterrupted as exc:
+                    assert exc.exit_code == 69
+                    failed += exc.results
+                    break
+            await killer
+            after = await pub.publish("pub", "adv.noreconnect", b"after", message_id="after")
+        return ok, failed, after
+
+    ok, failed, after = broker.run(main())
+    assert failed, "the kill never landed inside a batch"
+    assert any(not r.confirmed and r.outcome == "unconfirmed" for r in failed)
+    in_queue = {m["message_id"] for m in held(vhost, "adv.noreconnect")}
+    confirmed = {r.message_id for r in [*ok, *failed] if r.confirmed}
+    assert confirmed <= in_queue, "reported confirmed but not in the queue"
+    assert after.confirmed and "after" in in_queue
