@@ -88,6 +88,7 @@ class Commands(LazyGroup):
     its command runs or shows its own help (start-up time: bench/startup.py)."""
 
     LAZY = (
+        LazyCommand("init", "rmqkit.cli.init", "init"),
         LazyCommand("config", "rmqkit.cli.config", "config"),
         LazyCommand("declare", "rmqkit.cli.topology", "declare"),
         LazyCommand("plan", "rmqkit.cli.topology", "plan"),
