@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from rmqkit.cli.common import run_async, seconds_option, settings_from
 from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, refuse_without_keyring
 from rmqkit.consumer.dedupe import dedupe_config
 from rmqkit.consumer.handler import load_handler
+from rmqkit.consumer.logs import JsonFormatter, TextFormatter
 from rmqkit.consumer.resolve import resolve_config
 from rmqkit.consumer.supervisor import run_supervised
 from rmqkit.crypto import load_keyring
@@ -193,8 +195,16 @@ def consume(
     if spec is not None:  # an encrypting queue without a ring would park every message
         refuse_without_keyring(spec, queue, ring is not None)
     config = run_async(resolve_config(settings, loaded, queue, flags, spec, unlocated=unlocated))
-    typer.echo(start_line(source, config, spec is None), err=True)
+    typer.echo(_formatted(start_line(source, config, spec is None), flags.log_format), err=True)
     raise typer.Exit(run_supervised(settings, config, processes))
+
+
+def _formatted(line: str, log_format: str) -> str:
+    """The start line in the consumer's log format (the supervisor's formatter is not set up
+    yet): a JSON log stays one object a line."""
+    record = logging.LogRecord("rmqkit.consume", logging.INFO, __file__, 0, line, None, None)
+    formatter = JsonFormatter() if log_format == "json" else TextFormatter()
+    return formatter.format(record)
 
 
 def start_line(source: str, config: ConsumerConfig, defaults: bool) -> str:
@@ -209,4 +219,4 @@ def start_line(source: str, config: ConsumerConfig, defaults: bool) -> str:
             f"permanent: {permanent}, prefetch {one.prefetch}"
         )
     note = " (no topology file: built-in defaults where the flags say nothing)" if defaults else ""
-    return f"rmqkit consume: topology: {source}{note}; " + "; ".join(parts)
+    return f"topology: {source}{note}; " + "; ".join(parts)

@@ -5,6 +5,7 @@ rmqkit with no file to be found is refused (78) instead of run on silent default
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -171,10 +172,11 @@ def test_no_topology_runs_on_defaults_and_says_so(
     vhost: str, tmp_path: Path, started: list[Consume]
 ) -> None:
     declare(vhost, "deflt")
-    consumer = Consume(vhost, tmp_path, "deflt.work", "--no-topology")
+    consumer = Consume(vhost, tmp_path, "deflt.work", "--no-topology", "--log-format", "json")
     started.append(consumer)
-    log = consumer.wait_started()
-    assert "topology: none (--no-topology)" in log, log
+    first = json.loads(consumer.wait_started().splitlines()[0])  # one JSON object a line
+    log = first["msg"]
+    assert first["level"] == "INFO" and "topology: none (--no-topology)" in log, log
     assert "built-in defaults" in log and "max_attempts=5" in log and "permanent: none" in log
     time.sleep(0.1)
     assert consumer.stop() == 0, consumer.output()
