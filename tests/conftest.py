@@ -30,6 +30,7 @@ MAY_OVERLAP = frozenset(
     f"tests.integration.test_{name}"
     for name in [
         "alarms",  # on a node of its own (tests/integration/alarm_node.py), under its own lock
+        "backlog_adversarial",
         "broker_versions",
         "browse",
         "cli_conventions",
@@ -37,11 +38,17 @@ MAY_OVERLAP = frozenset(
         "confirms",
         "conflicts_and_errors",
         "consume_encrypted",
+        "dedupe_scopes",
+        "dedupe_scopes_adversarial",
         "dependency_contract",
         "doctor",
         "doctor_dedupe",
+        "encryption_leaks",
+        "encryption_shapes_adversarial",
         "export",
         "file_safety",
+        "held_backlog",
+        "init",
         "key_rotation",
         "newest_death",
         "no_plaintext",
@@ -49,6 +56,7 @@ MAY_OVERLAP = frozenset(
         "oncall_broker",  # generous waits (30-300 s), asserts on lines and exit codes
         "oncall_hints",
         "outbox",  # asserts on rows and queue contents; its one deadline is 60 s
+        "outbox_commit_order",
         "parking",
         "parking_encrypted",
         "parking_operator",
@@ -63,7 +71,11 @@ MAY_OVERLAP = frozenset(
         "session",
         "status",
         "status_flow",
+        "testing_docs",
         "topology_flow",
+        "topology_resolution",
+        "topology_resolution_adversarial",
+        "zero_delay",
     ]
 )
 
