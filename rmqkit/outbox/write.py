@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from rmqkit.crypto.model import sensitive_fields
 from rmqkit.delay import DelayRangeError, Ladder
 from rmqkit.durations import parse_delay_ms
-from rmqkit.errors import ConfigError
+from rmqkit.errors import ConfigError, DataError
 from rmqkit.outbox.schema import AGGREGATE_WRITE_LOCK_SPACE, TABLE
 from rmqkit.store import AsyncSQLiteConnection, dialect_of
 
@@ -97,11 +97,23 @@ def encode_body(body: object) -> tuple[bytes, str | None]:
     if isinstance(body, bytes | bytearray | memoryview):
         return bytes(body), None
     if isinstance(body, str):
-        return body.encode(), TEXT
+        try:
+            return body.encode(), TEXT
+        except UnicodeEncodeError as exc:
+            raise DataError(
+                f"body: text with a lone surrogate at index {exc.start} cannot be UTF-8; "
+                "pass bytes, or text cut on a character boundary"
+            ) from None
     dump = getattr(body, "model_dump_json", None)
     if callable(dump):  # a pydantic model, without importing pydantic for the check
         return str(dump(by_alias=True)).encode(), JSON
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(), JSON
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode(), JSON
+    except UnicodeEncodeError:
+        # A string cut inside a surrogate pair (what JavaScript produces) is valid JSON only
+        # escaped: carried as "\ud83d", as a JavaScript producer would send it.
+        return json.dumps(body, separators=(",", ":")).encode(), JSON
 
 
 def marked_model(body: object) -> type | None:

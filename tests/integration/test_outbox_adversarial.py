@@ -313,3 +313,28 @@ def test_daemon_without_table_exits_78_and_concurrent_inits(
             assert _rows(dsn) == {}
     finally:
         drop_schema(empty_schema)
+
+
+def test_a_lone_surrogate_in_a_body_is_carried_escaped_or_refused(
+    vhost: str, tmp_path: Path
+) -> None:
+    """A string cut inside an emoji (what JavaScript writes: a lone surrogate) in a JSON body is
+    carried escaped, as valid JSON; as a text body it is refused with DataError before anything is
+    written. (Before: UnicodeEncodeError escaped outbox.add, a traceback in the caller's app.)"""
+    dsn = f"sqlite:///{tmp_path}/app.db"
+    rmqkit.outbox.init(dsn)
+    exchange, queue = f"sur-{uuid.uuid4().hex[:6]}", f"sur-{uuid.uuid4().hex[:6]}"
+    declare(vhost, exchange, queue)
+    conn = sqlite3.connect(tmp_path / "app.db")
+    mid = rmqkit.outbox.add(conn, exchange=exchange, routing_key="k", body={"note": "cut \ud83d"})
+    with pytest.raises(rmqkit.DataError, match="lone surrogate"):
+        rmqkit.outbox.add(conn, exchange=exchange, routing_key="k", body="cut \ud83d")
+    conn.commit()
+    conn.close()
+    assert len(_rows(dsn)) == 1  # the refused one wrote nothing
+    result = outbox("relay", "--dsn", dsn, "--once", vhost=vhost)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (got,) = collect(vhost, queue, idle_s=2)
+    assert got["message_id"] == mid
+    assert got["body"] == b'{"note":"cut \\ud83d"}'
+    assert json.loads(got["body"]) == {"note": "cut \ud83d"}
