@@ -16,16 +16,15 @@ from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from
 from rmqkit.cli.render import stderr
 from rmqkit.durations import format_duration_ms, parse_delay_ms
 from rmqkit.errors import BrokerUnavailable, DataError, UsageError
-from rmqkit.publish import (
-    IdSource,
+from rmqkit.publishing.edge import at_edge
+from rmqkit.publishing.engine import publish_messages
+from rmqkit.publishing.ids import IdSource, derived_message_id
+from rmqkit.publishing.inputs import (
     OutgoingMessage,
-    derived_message_id,
     messages_from_bodies,
     messages_from_lines,
     messages_from_ndjson,
-    publish_messages,
 )
-from rmqkit.publishing.edge import at_edge
 from rmqkit.settings import Settings
 
 if TYPE_CHECKING:

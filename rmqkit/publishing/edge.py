@@ -6,9 +6,10 @@ take ``Edge.route`` alone (rmqkit/outbox/rows.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rmqkit.outbox.edge import Edge, Encryptor, Routed
+if TYPE_CHECKING:  # `rmqkit publish` without --topology/--delay loads neither crypto nor topology
+    from rmqkit.outbox.edge import Edge, Encryptor, Routed
 
 
 def at_edge(
