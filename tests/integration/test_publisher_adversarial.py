@@ -198,8 +198,12 @@ def test_connection_killed_without_reconnects_reports_the_unconfirmed(vhost: str
             settings, window=20, name=name, reconnect_attempts=0
         ) as pub:
             killer = asyncio.ensure_future(asyncio.to_thread(kill_when_seen))
-            for batch in range(60):
+            deadline = asyncio.get_running_loop().time() + 40
+            batch = 0
+            while asyncio.get_running_loop().time() < deadline:
+                batch += 1
                 if killer.done():  # it landed between two batches: kill the new connection
+                    killer.result()
                     killer = asyncio.ensure_future(asyncio.to_thread(kill_when_seen))
                 bodies = [
                     rmqkit.PublishMessage(b"n" * 512, message_id=f"n{batch}-{i}")
