@@ -147,6 +147,11 @@ class Unroutable(PublishFailed, DataError):
     """A published message reached no queue (``mandatory``: returned): exit 65."""
 
 
+class MessageTooLarge(PublishFailed, DataError):
+    """The broker refused a message larger than its ``max_message_size`` (RabbitMQ 4.x: 16 MiB
+    by default) by closing the channel: sending it again cannot help (exit 65)."""
+
+
 class PublisherBusy(PublishFailed, BrokerUnavailable):
     """The broker refused messages (``basic.nack``), typically a bounded queue with
     ``overflow = reject-publish`` that is full: retry later (exit 69)."""

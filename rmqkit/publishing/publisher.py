@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -81,6 +82,9 @@ class Publisher:
         self.reconnect_attempts = reconnect_attempts
         self.timeout_s = timeout_s
         self.name = name
+        # The broker's max_message_size once it refused a message over it (it closes the
+        # channel): larger messages are then refused here, without costing a channel each.
+        self.max_message_bytes: int | None = None
         self._session: Session | None = None
         self._channel: Channel | None = None
         self._blocks: AsyncExitStack | None = None
@@ -223,6 +227,12 @@ class Publisher:
             publisher = channel.publisher
             sent: dict[int, asyncio.Future[Outcome]] = {}
             lost: BaseException | None = None
+            limit = self.max_message_bytes
+            if limit is not None:  # learnt from an earlier refusal: do not send what it refuses
+                for i in [i for i in todo if len(ready[i].body) > limit]:
+                    todo.remove(i)
+                    outcome[i] = "too_large"
+                why = why or f"the broker's max_message_size is {limit} bytes"
             try:
                 for i in todo:
                     p = ready[i]
@@ -250,6 +260,13 @@ class Publisher:
                     if settled is Outcome.NACKED and self.retry_busy:
                         busy.append(i)
                     outcome[i] = _SETTLED[settled]
+            limit = _size_limit(lost)
+            if limit is not None:  # refused for good: sending it again closes the channel again
+                self.max_message_bytes = limit
+                for i in [i for i in again if len(ready[i].body) > limit]:
+                    again.remove(i)
+                    outcome[i] = "too_large"
+                why = why or f"the broker's max_message_size is {limit} bytes"
             if stalled:
                 why = f"the broker confirmed nothing for {self.timeout_s:g}s"
                 await self._drop(session)  # what it may still confirm must not be counted
@@ -391,6 +408,16 @@ class Publisher:
             # a blocked connection's close is never answered: do not wait on it for long
             with contextlib.suppress(Exception, TimeoutError):
                 await asyncio.wait_for(session.close(), timeout=5)
+
+
+# RabbitMQ's channel close for a message over max_message_size (PRECONDITION_FAILED).
+_TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size (\d+)")
+
+
+def _size_limit(lost: BaseException | None) -> int | None:
+    """The broker's max_message_size if ``lost`` is its refusal of a message over it."""
+    found = _TOO_LARGE.search(str(lost)) if lost is not None else None
+    return int(found.group(1)) if found else None
 
 
 def _backoff(attempt: int) -> float:

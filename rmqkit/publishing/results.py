@@ -7,9 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from rmqkit.errors import PublisherBusy, PublishFailed, PublishInterrupted, Unroutable
+from rmqkit.errors import (
+    MessageTooLarge,
+    PublisherBusy,
+    PublishFailed,
+    PublishInterrupted,
+    Unroutable,
+)
 
-Outcome = Literal["confirmed", "returned", "nacked", "unconfirmed"]
+Outcome = Literal["confirmed", "returned", "nacked", "too_large", "unconfirmed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +25,8 @@ class PublishResult:
     ``exchange`` / ``routing_key``: as asked by the caller (a lane or a delay publishes
     elsewhere: ``lane`` names the lane queue, ``delay_ms`` the delay the ladder applies).
     ``outcome``: ``confirmed`` (in every queue it routes to), ``returned`` (no queue took it),
-    ``nacked`` (refused: a full bounded queue), ``unconfirmed`` (the connection or channel was
+    ``nacked`` (refused: a full bounded queue), ``too_large`` (over the broker's
+    ``max_message_size``: refused, never sent again), ``unconfirmed`` (the connection or channel was
     lost, or the caller's timeout ran out: its fate is unknown — it may be in the queue).
     ``attempts``: how often it was sent (after a lost connection or a busy refusal).
     """
@@ -50,6 +57,15 @@ def failure(results: Sequence[PublishResult], why: str | None = None) -> Publish
             f"returned, e.g. message_id {first.message_id} to exchange {first.exchange!r} key "
             f"{first.routing_key!r}; {counts} — check the routing key and bindings "
             "(`rmqkit plan`)",
+            kept,
+        )
+    too_large = [r for r in bad if r.outcome == "too_large"]
+    if too_large:
+        return MessageTooLarge(
+            f"{len(too_large)} message(s) larger than the broker's max_message_size were "
+            f"refused, e.g. message_id {too_large[0].message_id}{': ' + why if why else ''}; "
+            f"{counts} — send smaller bodies (a reference to the payload, or split it), or "
+            "raise max_message_size in rabbitmq.conf",
             kept,
         )
     nacked = [r for r in bad if r.outcome == "nacked"]

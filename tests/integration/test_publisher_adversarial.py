@@ -50,10 +50,11 @@ def test_a_reused_message_id_in_flight_keeps_both_messages(vhost: str) -> None:
 
 
 def test_empty_and_oversized_bodies(vhost: str) -> None:
-    """0 bytes, and 17 MiB (more than a frame many times over, split into frames): both arrive
-    byte for byte; the empty body keeps its id and headers."""
+    """0 bytes, and 15 MiB (more than a frame many times over, split into frames; under 4.x's
+    16 MiB max_message_size): both arrive byte for byte; the empty body keeps its id and
+    headers."""
     settings = broker.settings_for(vhost)
-    big = uuid.uuid4().bytes * (17 * 1024 * 1024 // 16 + 1)
+    big = uuid.uuid4().bytes * (15 * 1024 * 1024 // 16 + 1)
 
     async def main() -> list[Any]:
         await declare(settings, "adv.sizes")
@@ -66,6 +67,48 @@ def test_empty_and_oversized_bodies(vhost: str) -> None:
     assert [(m.message_id, len(m.body)) for m in got] == [("empty", 0), ("big", len(big))]
     assert got[0].headers == {"h": 1}
     assert hashlib.sha256(got[1].body).digest() == hashlib.sha256(big).digest()
+
+
+@pytest.mark.skipif(
+    broker.version() < (4, 0), reason="3.x's max_message_size is 128 MiB (4.x: 16 MiB)"
+)
+def test_a_message_over_the_brokers_max_size_is_refused_for_good(vhost: str) -> None:
+    """RabbitMQ 4.x closes the channel on a message over max_message_size (16 MiB). That
+    message is MessageTooLarge (65), never sent again; the others of the call are confirmed;
+    a later call's oversized message is refused without being sent. (Before: sent again on
+    five new channels, then PublishInterrupted, "fate unknown", for a message that can never
+    be taken.)"""
+    settings = broker.settings_for(vhost)
+    big = b"x" * (17 * 1024 * 1024)
+
+    async def main() -> tuple[Any, Any, list[Any]]:
+        await declare(settings, "adv.toolarge")
+        async with rmqkit.Publisher.connect(settings) as pub:
+            with pytest.raises(rmqkit.MessageTooLarge) as first:
+                await pub.publish_many(
+                    "pub",
+                    "adv.toolarge",
+                    [
+                        rmqkit.PublishMessage(b"before", "before"),
+                        rmqkit.PublishMessage(big, "big"),
+                        rmqkit.PublishMessage(b"after", "after"),
+                    ],
+                )
+            with pytest.raises(rmqkit.MessageTooLarge) as second:
+                await pub.publish("pub", "adv.toolarge", big, message_id="big-2")
+            await pub.publish("pub", "adv.toolarge", b"last", message_id="last")
+        return first.value, second.value, await get_raw(settings, "adv.toolarge")
+
+    first, second, got = broker.run(main())
+    assert [(r.message_id, r.outcome) for r in first.results] == [
+        ("before", "confirmed"),
+        ("big", "too_large"),
+        ("after", "confirmed"),
+    ]
+    assert first.results[1].attempts == 1  # sent once, never again
+    assert [(r.outcome, r.attempts) for r in second.results] == [("too_large", 0)]
+    assert "max_message_size" in str(first)
+    assert sorted(m.message_id for m in got) == ["after", "before", "last"]
 
 
 @pytest.mark.parametrize(
