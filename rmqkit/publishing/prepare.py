@@ -10,9 +10,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import pamqp.frame
-from pamqp.header import ContentHeader
-
 from rmqkit.broker.codec import Properties
 from rmqkit.durations import parse_delay_ms
 from rmqkit.errors import DataError, UsageError
@@ -139,7 +136,7 @@ def _check_encodes(properties: Properties, number: int, message_id: str) -> None
     """DataError unless the properties encode: a header value AMQP has no type for (a set, an
     object) would otherwise fail in the middle of a batch, after earlier messages went out."""
     try:
-        pamqp.frame.marshal(ContentHeader(properties=properties, body_size=0), 1)
+        properties.marshal()  # what the content header frame will hold
     except Exception as exc:  # pamqp raises TypeError, ValueError, struct.error, ...
         raise DataError(
             f"message {number} (message_id {message_id}): a header AMQP cannot carry "
