@@ -63,6 +63,8 @@ MAY_OVERLAP = frozenset(
         "parking_transfer",
         "plan_files",
         "publish",
+        "publisher_adversarial",
+        "publisher_api",
         "quickstart",
         "replay_returns",
         "replay_routing",
