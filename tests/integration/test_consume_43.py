@@ -30,9 +30,10 @@ import httpx
 import pytest
 
 import rmqkit
+from rmqkit.topology import declare_topology, load_topology
 from rmqkit.topology.expand import policy_name
 from tests import broker
-from tests.consumer_harness import ConsumerProcess, effects, events, wait_until
+from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
 from tests.handlers import body, record
 from tests.ports import free_port
 
@@ -337,19 +338,42 @@ def test_a_consumer_timeout_shorter_than_a_handler_is_detected_and_recovered(
     assert consumer.stop() == 0
 
 
-def test_a_deleted_work_queue_cancels_the_consumer_which_says_so_and_stops(
+def test_a_deleted_work_queue_cancels_the_consumer_which_says_so_and_waits_for_it(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
     """Any version: deleting the work queue makes the broker cancel the consumer (basic.cancel).
-    The consumer logs it, fails /readyz, reconnects, and then stops with exit 78 because the
-    queue does not exist. On 7cb9a46 it logged nothing of its own and kept running, ready."""
+    The consumer logs it, fails /readyz naming the missing queue, and waits (a queue deleted
+    under a running consumer is not a reason to stop: only its own consumer waits, docs/
+    consume.md); declared again, it is consumed again. On 7cb9a46 it logged nothing of its own
+    and kept running, ready; later it exited 78, stopping every queue it served."""
     port = free_port()
     consumer = ConsumerProcess(jobs_vhost, tmp_path / "ledger.db", "--metrics-port", str(port))
     consumers.append(consumer)
     assert wait_until(lambda: "consuming jobs.work" in consumer.output(), timeout_s=20)
     broker.api("DELETE", f"/queues/{broker.q(jobs_vhost)}/{broker.q(WORK)}").raise_for_status()
-    assert wait_until(lambda: consumer.proc.poll() is not None, timeout_s=30), consumer.output()
+
+    def ready() -> tuple[int, str]:
+        try:
+            response = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=3)
+        except httpx.HTTPError as exc:
+            return 0, str(exc)
+        return response.status_code, response.text
+
+    assert wait_until(lambda: "queue 'jobs.work' does not exist" in ready()[1], timeout_s=30), (
+        ready(),
+        consumer.output(),
+    )
+    assert ready()[0] == 503
     log = consumer.output()
     assert "the broker cancelled consumer " in log, log
     assert "queue 'jobs.work' does not exist" in log, log
-    assert consumer.proc.returncode == 78, (consumer.proc.returncode, log)
+    assert consumer.proc.poll() is None, log  # waiting, not stopped
+
+    broker.run(declare_topology(broker.settings_for(jobs_vhost), load_topology(JOBS)))
+    mid = uuid.uuid4().hex
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(mid, body(id=mid))])
+    assert wait_until(lambda: mid in effects(tmp_path / "ledger.db"), timeout_s=30), (
+        consumer.output()
+    )
+    assert wait_until(lambda: ready()[0] == 200, timeout_s=15), ready()
+    assert consumer.stop() == 0, consumer.output()
