@@ -212,7 +212,14 @@ def test_consume_refuses_wait_queues_that_would_drop_their_messages(
     (mid,) = _ids(1)
     broker.publish_with_ids(jobs_vhost, "jobs", "job", [(mid, body(id=mid, fail=1))])
     ledger = tmp_path / "ledger.db"
-    consumer = ConsumerProcess(jobs_vhost, ledger, topology=JOBS if with_topology else None)
+    # Without a file: --no-topology, on the wiring the broker holds (the queue is wired, so
+    # consume would otherwise refuse for want of a file before it looks at the wait queues).
+    consumer = ConsumerProcess(
+        jobs_vhost,
+        ledger,
+        *([] if with_topology else ["--no-topology"]),
+        topology=JOBS if with_topology else None,
+    )
     consumers.append(consumer)
     code = _exit_code(consumer, timeout_s=15)
     # What the broker holds first: the old code lost the message here.
