@@ -26,9 +26,9 @@ Contenders:
                   channel=Channel(prefetch_count=200), ack_policy=REJECT_ON_ERROR)``: acks after
                   the handler returned. Its per-message log lines are emitted at DEBUG (filtered),
                   as one would run it at this rate.
-``rmqkit``        ``rmqkit.consumer.runner.Consumer`` built as ``rmqkit consume`` builds it, every
-                  default on: handler timeout watchdog, attempt counting, metrics, batched acks
-                  after the handler, publisher confirms on the channel, logging configured.
+``rmqkit``        ``rmqkit.consumer.runner.QueueConsumer`` built as ``rmqkit consume`` builds it,
+                  every default on: handler timeout watchdog, attempt counting, metrics, batched
+                  acks after the handler, publisher confirms on the channel, logging configured.
 ``rmqkit-base``   (with ``--base-tree DIR``) the ``rmqkit`` contender as the checkout DIR has
                   it, e.g. a git worktree of the commit before a change: run in the same
                   rounds, it compares the code before and after under the same load.
@@ -159,7 +159,7 @@ async def _worker_rmqkit(url: str, n: int, handler_spec: str, target: int) -> di
     from rmqkit.consumer.handler import load_handler
     from rmqkit.consumer.logs import configure_logging
     from rmqkit.consumer.metrics import ConsumerMetrics
-    from rmqkit.consumer.runner import Consumer
+    from rmqkit.consumer.runner import QueueConsumer
     from rmqkit.settings import load_settings
     from rmqkit.topology import load_topology
 
@@ -171,7 +171,7 @@ async def _worker_rmqkit(url: str, n: int, handler_spec: str, target: int) -> di
     configure_logging(config.log_format)  # as a worker process does (stderr: the parent's log)
     handler = load_handler(config.handler, cwd=common.ROOT)
     metrics = ConsumerMetrics(config.queue, config.tier_names)
-    consumer = Consumer(settings, config, handler, metrics)
+    consumer = QueueConsumer(settings, config, handler, metrics)
     run = asyncio.create_task(consumer.run())
 
     def done() -> bool:

@@ -56,7 +56,7 @@ async def _worker(url: str, n: int, dsn: str, warmup_s: float, batch: int) -> di
     from rmqkit.consumer.dedupe import dedupe_config
     from rmqkit.consumer.handler import load_handler
     from rmqkit.consumer.metrics import ConsumerMetrics
-    from rmqkit.consumer.runner import Consumer
+    from rmqkit.consumer.runner import QueueConsumer
     from rmqkit.idempotency import prune
     from rmqkit.settings import load_settings
     from rmqkit.topology import load_topology
@@ -68,7 +68,7 @@ async def _worker(url: str, n: int, dsn: str, warmup_s: float, batch: int) -> di
     policy = policy_from_topology(spec, ct.QUEUE, None)
     config = build_config("bench.dedupe_prune:noting", ct.QUEUE, policy, flags, spec)
     metrics = ConsumerMetrics(config.queue, config.tier_names)
-    consumer = Consumer(load_settings(url=url), config, handler, metrics)
+    consumer = QueueConsumer(load_settings(url=url), config, handler, metrics)
     assert consumer.dedupe is not None
     await consumer.dedupe.start()
     run = asyncio.create_task(consumer.run())

@@ -69,7 +69,7 @@ async def _worker(
     from rmqkit.consumer.handler import load_handler
     from rmqkit.consumer.logs import configure_logging
     from rmqkit.consumer.metrics import ConsumerMetrics
-    from rmqkit.consumer.runner import Consumer
+    from rmqkit.consumer.runner import QueueConsumer
     from rmqkit.settings import load_settings
     from rmqkit.topology import load_topology
 
@@ -82,7 +82,7 @@ async def _worker(
     )
     configure_logging(config.log_format)
     metrics = ConsumerMetrics(config.queue, config.tier_names)
-    consumer = Consumer(settings, config, handler, metrics)
+    consumer = QueueConsumer(settings, config, handler, metrics)
     if consumer.dedupe is not None:
         await consumer.dedupe.start()
     run = asyncio.create_task(consumer.run())

@@ -5,7 +5,7 @@ Who owns what:
 
 * processes: ``supervisor`` (start N workers, restart the dead), ``worker`` (one process:
   logging, handler, health server, signals), ``threads`` (where plain ``def`` handlers run);
-* the connection: ``runner`` (``Consumer``: connect through ``rmqkit.broker.session``, QoS,
+* the connection: ``runner`` (``QueueConsumer``: connect through ``rmqkit.broker.session``, QoS,
   consume, batched acks, reconnect, graceful drain), ``acks`` (which tags may be acked);
 * one delivery: ``dispatch`` (``Dispatcher``: checks, handler, outcome), ``decision`` (the pure
   ack / retry / park decision), ``attempts`` (x-death and our attempt header), ``copies``

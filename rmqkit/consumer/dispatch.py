@@ -6,7 +6,7 @@ in-flight count, the handler threads, the copy sender) and the path of one deliv
 finished for the batched ack; a failure is decided (rmqkit.consumer.decision) and becomes a
 retry or park copy (rmqkit.consumer.copies), the original finished only once its copy is
 confirmed. Nothing here opens, watches or closes a connection: rmqkit.consumer.runner's
-``Consumer`` does, and acks the finished tags.
+``QueueConsumer`` does, and acks the finished tags.
 
 Kept lean: this path creates no task, lock, semaphore or timer per delivery (aiormq already runs
 each delivery as its own task), and awaits only the handler and, on failure, the copy.

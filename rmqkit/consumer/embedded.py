@@ -28,7 +28,7 @@ from rmqkit.consumer.lanes import run_consumers
 from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.resolve import resolve_config
-from rmqkit.consumer.runner import Consumer as QueueConsumer
+from rmqkit.consumer.runner import QueueConsumer
 from rmqkit.crypto import KeyRing, load_keyring
 from rmqkit.errors import BrokerUnavailable, UsageError
 from rmqkit.settings import Settings, load_settings

@@ -3,12 +3,12 @@
 A lane (``W.lane.NAME``, issue 15) holds W's large or slow messages; a partitioned W is N queues
 ``W.p0`` … (one active consumer each, by the broker's single-active-consumer). The consumer of W
 serves them all: ``served_queues`` says which (from the topology file, or from the queues the
-broker has when consume runs without one), and ``run_consumers`` runs one ``Consumer`` per
+broker has when consume runs without one), and ``run_consumers`` runs one ``QueueConsumer`` per
 queue in the worker, each with its own connection, channel, prefetch and handler slots. A lane
 full of slow jobs therefore holds only its own prefetch window and its own handler slots: it can
 never take the capacity of another lane or of W itself (the prefetch is the concurrency; see
 rmqkit.consumer.dispatch). Nor can a lane's absence stop the others: a served queue deleted while
-the consumer runs makes only its own Consumer wait for it (rmqkit.consumer.runner).
+the consumer runs makes only its own QueueConsumer wait for it (rmqkit.consumer.runner).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rmqkit.consumer.runner import Consumer
+from rmqkit.consumer.runner import QueueConsumer
 from rmqkit.topology.model import Topology
 
 __all__ = ["Served", "run_consumers", "served_from_names", "served_from_topology"]
@@ -66,7 +66,7 @@ def served_from_names(names: Iterable[str], queue: str) -> list[Served]:
     return [Served(queue), *(Served(n) for n in sorted(names) if lane.fullmatch(n))]
 
 
-async def run_consumers(consumers: Sequence[Consumer]) -> None:
+async def run_consumers(consumers: Sequence[QueueConsumer]) -> None:
     """Run every consumer until all have stopped. One that ends by itself (a fatal error, or a
     recycle after stuck handlers) stops the others gracefully; its error is raised then."""
     if len(consumers) == 1:

@@ -1,12 +1,13 @@
 """One consumer's connection: connect, QoS, consume, batched acks, reconnect, graceful stop.
 
-``Consumer`` owns the connection side: it opens the connection (failing over across the URLs with
-backoff), checks the work, wait and parking queues exist, sets the prefetch (1 while cautious
-after a crash), registers the consumer, acks the finished prefix of tags with ``multiple=True``
-every few milliseconds (the flusher), and on stop cancels the consumer, lets in-flight handlers
-finish within the grace and acks what finished. What happens to each delivery (handler, outcome,
-retry/park copy) is rmqkit.consumer.dispatch's ``Dispatcher``, which Consumer extends: the client
-hands each delivery to ``_on_delivery`` as its own task.
+``QueueConsumer`` owns the connection side: it opens the connection (failing over across the
+URLs with backoff), checks the work, wait and parking queues exist, sets the prefetch (1 while
+cautious after a crash), registers the consumer, acks the finished prefix of tags with
+``multiple=True`` every few milliseconds (the flusher), and on stop cancels the consumer, lets
+in-flight handlers finish within the grace and acks what finished. What happens to each delivery
+(handler, outcome, retry/park copy) is rmqkit.consumer.dispatch's ``Dispatcher``, which
+QueueConsumer extends: the client hands each delivery to ``_on_delivery`` as its own task. The
+public ``rmqkit.Consumer`` (rmqkit.consumer.embedded) runs one per queue it serves.
 
 A basic.cancel from the broker (4.3: the queue's consumer timeout; any version: the queue was
 deleted) is treated like a lost channel: logged, ``consuming`` false (``/readyz`` fails), and the
@@ -61,11 +62,12 @@ class ConsumerCancelled(ConnectionError):
     """The broker cancelled our consumer (basic.cancel): reconnect as after a lost channel."""
 
 
-__all__ = ["Backoff", "Consumer", "ConsumerCancelled"]
+__all__ = ["Backoff", "ConsumerCancelled", "QueueConsumer"]
 
 
-class Consumer(Dispatcher):
-    """Consume one work queue until ``stop()``; reconnects by itself across the URLs."""
+class QueueConsumer(Dispatcher):
+    """Consume one work queue until ``stop()``; reconnects by itself across the URLs. (The
+    public ``rmqkit.Consumer``, rmqkit.consumer.embedded, runs one per queue it serves.)"""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """Worker processes under supervision: start N, restart the ones that die, stop them gracefully.
 
-Each worker is a spawned process running one ``Consumer``. Workers sit in their own process
+Each worker is a spawned process running one ``rmqkit.Consumer``. Workers sit in their own process
 group, so a terminal's Ctrl-C reaches only the supervisor, which forwards one SIGTERM (graceful)
 and, on a second signal, SIGKILL (the broker requeues whatever was unacked).
 
