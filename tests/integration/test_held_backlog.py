@@ -83,6 +83,13 @@ def held(vhost: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     yield vhost, path, FAILED - taken
 
 
+def still_held(vhost: str, count: int) -> int:
+    """The fixture's held count less what the broker's dead-letter worker has since retried into
+    the work queue (it retries a refused dead letter every few minutes; on a loaded 4.3 node a
+    retry fell between the fixture and a later test: 24 held then, 20 held and 4 in it now)."""
+    return count - (broker.depths(vhost, [WORK])[WORK] or 0)
+
+
 def test_status_json_shows_the_backlog_held_in_the_wait_queue(held: tuple[str, Path, int]) -> None:
     vhost, path, count = held
     report = broker.wait_for(
@@ -107,7 +114,8 @@ def test_status_json_shows_the_backlog_held_in_the_wait_queue(held: tuple[str, P
 
 def test_status_table_and_lines_say_where_the_backlog_is(held: tuple[str, Path, int]) -> None:
     vhost, _, count = held
-    result = broker.cli("status", vhost=vhost)  # piped: tab-separated lines
+    result = broker.cli("status", vhost=vhost)
+    count = still_held(vhost, count)  # piped: tab-separated lines
     assert result.returncode == 0, result.stderr
     lines = [line.split("\t") for line in result.stdout.splitlines()]
     header, body = lines[0], {cells[0]: cells for cells in lines[1:]}
@@ -121,6 +129,7 @@ def test_status_table_and_lines_say_where_the_backlog_is(held: tuple[str, Path, 
 def test_doctor_warns_with_cause_and_fix(held: tuple[str, Path, int]) -> None:
     vhost, path, count = held
     result = broker.cli("doctor", "--json", "--growth-sample", "0", vhost=vhost)
+    count = still_held(vhost, count)
     report = json.loads(result.stdout)
     assert result.returncode == 1, result.stdout + result.stderr  # Nagios: warning
     assert report["status"] == "warning" and report["exit_code"] == 1
