@@ -114,8 +114,8 @@ def test_status_json_shows_the_backlog_held_in_the_wait_queue(held: tuple[str, P
 
 def test_status_table_and_lines_say_where_the_backlog_is(held: tuple[str, Path, int]) -> None:
     vhost, _, count = held
-    result = broker.cli("status", vhost=vhost)
-    count = still_held(vhost, count)  # piped: tab-separated lines
+    result = broker.cli("status", vhost=vhost)  # piped: tab-separated lines
+    count = still_held(vhost, count)
     assert result.returncode == 0, result.stderr
     lines = [line.split("\t") for line in result.stdout.splitlines()]
     header, body = lines[0], {cells[0]: cells for cells in lines[1:]}
