@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from rmqkit import outbox
     from rmqkit.consumer.embedded import Consumer
     from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
+    from rmqkit.consumer.routing import handler
     from rmqkit.crypto.model import Sensitive
     from rmqkit.idempotency.record import Transaction
     from rmqkit.publishing import Publisher, PublishMessage, PublishResult, SyncPublisher
@@ -52,6 +53,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Message": ("rmqkit.consumer.message", "Message"),
     "Permanent": ("rmqkit.consumer.message", "Permanent"),
     "Retry": ("rmqkit.consumer.message", "Retry"),
+    # @rmqkit.handler("order.created"): one of a module's routed handlers (docs/api.md)
+    "handler": ("rmqkit.consumer.routing", "handler"),
     # Annotated[str, rmqkit.Sensitive()] on a pydantic model field: encrypted (docs/encryption.md)
     "Sensitive": ("rmqkit.crypto.model", "Sensitive"),
     "Transaction": ("rmqkit.idempotency.record", "Transaction"),
@@ -114,6 +117,7 @@ __all__ = [
     "UnsupportedDependency",
     "UsageError",
     "__version__",
+    "handler",
     "load_settings",
     "outbox",
 ]

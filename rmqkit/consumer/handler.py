@@ -4,7 +4,8 @@
 runs the handler (``async def`` awaited in the event loop; plain ``def`` in a thread pool:
 ``asyncio.to_thread``, an executor, or the consumer's HandlerThreads, so it cannot block the loop),
 applies the handler timeout through one shared timer per loop, and turns the way it ended into an
-Outcome (Success, Failed, HandlerTimeout, Undecodable).
+Outcome (Success, Failed, HandlerTimeout, Undecodable, UnroutableType for a routed handler with
+no route for the message).
 
 The loading names (``load_handler``, ``LoadedHandler``, ``HandlerInput``) are re-exported here, so
 ``rmqkit.consumer.handler`` stays the one import for both halves.
@@ -71,11 +72,21 @@ async def run_handler(
     outside still propagates), but through one shared timer per event loop instead of a timer
     per call (see _Watchdog).
 
-    ``transaction``: passed as the second argument to a handler that takes a
-    ``rmqkit.Transaction`` (``consume --dedupe``).
+    ``transaction``: passed to a handler's parameter annotated ``rmqkit.Transaction``
+    (``consume --dedupe``). The arguments are built in the handler's declared order
+    (LoadedHandler.bind; the common one- or two-parameter forms skip that step). A routed
+    handler (LoadedHandler.routes) runs the route the message's type names, or returns
+    UnroutableType without running anything.
     """
+    if handler.routes is not None:
+        chosen = handler.routes.select(message)
+        if not isinstance(chosen, LoadedHandler):
+            return chosen  # UnroutableType: no route for the message's type
+        handler = chosen
     target = handler.target
-    if handler.takes_transaction:
+    if handler.bind is not None:
+        target = handler.bind(target, message, transaction)
+    elif handler.takes_transaction:
         target = _with_transaction(target, transaction)
     if handler.convert is None:
         argument: Any = message

@@ -92,6 +92,18 @@ class Undecodable:
 
 
 @dataclass(frozen=True)
+class UnroutableType(Undecodable):
+    """A routed handler (rmqkit.consumer.routing) has no route for the message's type, or the
+    message has none: poison, park now as ``unroutable_type``. An Undecodable, so every path
+    that treats a message no handler could take as poison treats this one so too; ``decide``
+    tells them apart by this class."""
+
+    exc_type: str = "rmqkit.UnroutableType"
+
+    error_type: ClassVar[str] = "rmqkit.UnroutableType"
+
+
+@dataclass(frozen=True)
 class TooLarge:
     """The body exceeds the consumer's maximum message size: park without handling it."""
 
@@ -135,5 +147,6 @@ __all__ = [
     "TooLarge",
     "Undecodable",
     "Undecryptable",
+    "UnroutableType",
     "qualified_type_name",
 ]

@@ -16,6 +16,7 @@ import inspect
 import os
 import random
 import socket
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from rmqkit.consumer.decision import (
 )
 from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
 from rmqkit.consumer.message import Message
+from rmqkit.consumer.routing import Router, Routes
 from rmqkit.crypto import Undecryptable as UndecryptableField
 from rmqkit.crypto import decrypt_fields
 from rmqkit.delay import delivered_route
@@ -54,6 +56,10 @@ __all__ = [
 
 DEFAULT_QUEUE = "work"
 
+# A handler function or callable, a "module:function" (or routed "module") spec, a module of
+# @rmqkit.handler functions, a Router, or what load_handler returned.
+HandlerLike = Callable[..., Any] | str | types.ModuleType | Router | LoadedHandler
+
 
 class HandlerAborted(RmqkitError):
     """The handler raised a BaseException that is not an Exception (KeyboardInterrupt,
@@ -71,7 +77,7 @@ class UnawaitedResult(RmqkitError):
 
 
 def run_handler(
-    handler: Callable[..., Any] | str | LoadedHandler,
+    handler: HandlerLike,
     body: bytes | str = b"",
     *,
     headers: Mapping[str, Any] | None = None,
@@ -94,11 +100,14 @@ def run_handler(
 ) -> HandlerResult:
     """Run ``handler`` on one message as ``rmqkit consume`` would and return its decision.
 
-    ``handler``: a function (``def`` or ``async def``, any signature the consumer accepts) or a
-    ``"module:function"`` spec. ``body``: bytes (a str is encoded as UTF-8). ``headers``: the
-    delivery's headers (copied first; the handler sees the copy, as the consumer hands its
-    delivery's dict over). ``attempt``: the number of this delivery (1: the first), written as
-    the header earlier copies would carry; None reads it from ``headers`` (default 1).
+    ``handler``: a function (``def`` or ``async def``, any signature the consumer accepts), a
+    ``"module:function"`` spec, or routed handlers: a module of ``@rmqkit.handler`` functions
+    (the module, or its name as a spec), or a ``rmqkit.consumer.routing.Router``; the message
+    then runs the route its type names, and one no route names is parked ``unroutable_type``.
+    ``body``: bytes (a str is encoded as UTF-8). ``headers``: the delivery's headers (copied
+    first; the handler sees the copy, as the consumer hands its delivery's dict over).
+    ``attempt``: the number of this delivery (1: the first), written as the header earlier
+    copies would carry; None reads it from ``headers`` (default 1).
 
     The queue: ``topology`` (a file path or a loaded Topology) and ``queue`` (its work queue;
     may be left out when the file has one) give the tiers, ``max_attempts``,
@@ -151,7 +160,7 @@ def run_handler(
 
 
 async def run_handler_async(
-    handler: Callable[..., Any] | str | LoadedHandler,
+    handler: HandlerLike,
     body: bytes | str = b"",
     *,
     headers: Mapping[str, Any] | None = None,
@@ -226,21 +235,30 @@ def _watched(loaded: LoadedHandler) -> tuple[LoadedHandler, list[Any]]:
     """``loaded`` with an ``async def`` target wrapped to keep an awaitable it returns (the
     consumer drops it unawaited); a plain ``def`` returning one is awaited by the consumer."""
     returned: list[Any] = []
+    if loaded.routes is not None:  # each async route watched the same way
+        routes = {
+            name: _watched_into(route, returned) for name, route in loaded.routes.handlers.items()
+        }
+        return replace(loaded, routes=Routes(loaded.routes.route_by, routes)), returned
+    return _watched_into(loaded, returned), returned
+
+
+def _watched_into(loaded: LoadedHandler, returned: list[Any]) -> LoadedHandler:
     if not loaded.is_async:
-        return loaded, returned
+        return loaded
     target = loaded.target
 
-    async def checked(*args: Any) -> Any:
-        result = await target(*args)
+    async def checked(*args: Any, **kwargs: Any) -> Any:
+        result = await target(*args, **kwargs)
         if inspect.isawaitable(result):
             returned.append(result)
         return result
 
-    return replace(loaded, target=checked), returned
+    return replace(loaded, target=checked)
 
 
 def run_retries(
-    handler: Callable[..., Any] | str | LoadedHandler,
+    handler: HandlerLike,
     body: bytes | str = b"",
     **options: Any,
 ) -> list[HandlerResult]:
@@ -265,7 +283,7 @@ def run_retries(
 _MAX_RETRIES = 10_000  # far above any max_attempts a topology would have
 
 
-def _loaded(handler: Callable[..., Any] | str | LoadedHandler) -> LoadedHandler:
+def _loaded(handler: HandlerLike) -> LoadedHandler:
     if isinstance(handler, LoadedHandler):
         return handler
     if isinstance(handler, str):

@@ -35,6 +35,7 @@ from rmqkit.consumer.decision import (
     decide,
 )
 from rmqkit.consumer.handler import HandlerInput, LoadedHandler, load_handler, run_handler
+from rmqkit.consumer.loading import handler_from_callable
 from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
 from rmqkit.errors import ConfigError, ExitCode
 from tests.unit.handlers_fixture import ok
@@ -92,9 +93,27 @@ def load_error(spec_text: str, cwd: Path = ROOT) -> str:
 FORM = "expected 'module:function' (e.g. 'myapp.handlers:handle')"
 
 
-@pytest.mark.parametrize("bad", ["orders", "orders.handle", "mod:", ":handle", "my-app:handle"])
+ACCEPTED = (
+    "a handler takes, chosen by annotation and in any order, at most one body parameter (a "
+    "pydantic model, dict, bytes, str or another type pydantic validates), one rmqkit.Message "
+    "(or one unannotated parameter) and, with --dedupe, one rmqkit.Transaction"
+)
+
+
+@pytest.mark.parametrize("bad", ["mod:", ":handle", "my-app:handle"])
 def test_spec_without_module_and_function_names_the_expected_form(bad: str) -> None:
     assert load_error(bad) == f"cannot load handler '{bad}': {FORM}"
+
+
+@pytest.mark.parametrize("bad", ["orders", "orders.handle"])
+def test_spec_without_function_is_a_routed_module_and_names_both_forms(bad: str) -> None:
+    # No ':function' is a module of @rmqkit.handler functions; one that is not found may be a
+    # ':function' left out, so the line names both forms.
+    assert load_error(bad) == (
+        f"cannot load handler '{bad}': module '{bad}' not found (searched {ROOT} and the "
+        f"Python path); {FORM}, or a module of @rmqkit.handler functions ('myapp.handlers', "
+        "optionally 'myapp.handlers[routing-key]')"
+    )
 
 
 def test_missing_module() -> None:
@@ -169,22 +188,33 @@ def test_not_callable() -> None:
 
 def test_no_argument() -> None:
     assert load_error(f"{PKG}.ok:no_args") == (
-        f"cannot load handler '{PKG}.ok:no_args': '{PKG}.ok:no_args' takes no argument; a handler "
-        "takes one argument (the message)"
+        f"cannot load handler '{PKG}.ok:no_args': '{PKG}.ok:no_args' takes no argument; {ACCEPTED}"
     )
 
 
 def test_two_required_arguments() -> None:
-    assert load_error(f"{PKG}.ok:two_args") == (
-        f"cannot load handler '{PKG}.ok:two_args': '{PKG}.ok:two_args' takes 2 required "
-        "arguments (message, other); a handler takes one argument (the message)"
+    # (message: Message, other: int) is a Message and a body now; two parameters for the
+    # Message (one annotated, one not) are still refused.
+    assert load("ok:two_args").describe() == (
+        f"sync (thread pool) {PKG}.ok:two_args(message: Message, other: int)"
+    )
+
+    def two_args(message: Message, other) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    with pytest.raises(ConfigError) as caught:
+        handler_from_callable(two_args, "t:two_args")
+    assert str(caught.value) == (
+        "cannot load handler 't:two_args': 't:two_args' takes 2 required arguments (message: "
+        "Message, other) that would each receive the rmqkit.Message (an unannotated parameter "
+        f"receives it); {ACCEPTED}"
     )
 
 
 def test_required_keyword_only_argument() -> None:
     assert load_error(f"{PKG}.ok:keyword_only") == (
         f"cannot load handler '{PKG}.ok:keyword_only': '{PKG}.ok:keyword_only' has required "
-        "keyword-only arguments (flag); a handler takes one argument (the message)"
+        f"keyword-only arguments (flag), which rmqkit cannot fill; {ACCEPTED}"
     )
 
 
@@ -542,6 +572,7 @@ def test_handlers_own_timeout_error_is_transient_not_a_handler_timeout() -> None
     assert outcome.exc_message == "upstream timed out"
 
 
+@pytest.mark.timing
 def test_async_handler_timeout() -> None:
     started = time.monotonic()
     outcome = run(load("ok:sleep_forever"), Message(b""), timeout_s=0.05)
@@ -554,6 +585,7 @@ def test_handler_that_turns_the_timeouts_cancellation_into_an_error_still_timed_
     assert outcome == HandlerTimeout(0.05)
 
 
+@pytest.mark.timing
 def test_sync_handler_timeout_leaves_the_thread_to_finish() -> None:
     handler = load("ok:block_sync")
 
@@ -611,6 +643,7 @@ def test_handler_that_swallows_the_timeouts_cancellation_finished_late_but_succe
     asyncio.run(main())
 
 
+@pytest.mark.timing
 def test_many_concurrent_handlers_each_get_their_own_timeout() -> None:
     handler = load("ok:sleep_briefly")
 
