@@ -45,6 +45,7 @@ from rmqkit.consumer.decision import (
 )
 from rmqkit.consumer.dedupe import DedupeStep
 from rmqkit.consumer.handler import LoadedHandler, run_handler
+from rmqkit.consumer.hooks import HookRunner, copy_event, internal_error_event, success_event
 from rmqkit.consumer.logs import current_message
 from rmqkit.consumer.message import Message
 from rmqkit.consumer.metrics import ConsumerMetrics
@@ -101,8 +102,12 @@ class Dispatcher:
         handler: LoadedHandler,
         metrics: ConsumerMetrics,
         keyring: KeyRing | None = None,
+        hooks: HookRunner | None = None,
     ) -> None:
         self.config = config
+        # on_success/on_retry/on_park (rmqkit.consumer.hooks): told once an outcome is settled,
+        # never awaited here (None: no hook, and nothing below builds an event).
+        self.hooks = hooks
         # Opens the encrypted fields of bodies before the handler sees them (None: no key ring;
         # a body that holds an envelope is then parked undecryptable, never handed over).
         self.keyring = keyring
@@ -122,7 +127,7 @@ class Dispatcher:
             metrics,
             config.tier_names,
             RefusedCopies(metrics, consumer_timeout_s=config.consumer_timeout_s),
-            self._finished,
+            self._copy_confirmed,
             self._sleep_unless_stopped,
         )
         # Never hold more messages than can start: a prefetched message no handler started is
@@ -289,14 +294,18 @@ class Dispatcher:
         deliveries: int,
     ) -> None:
         """Ack a success; else decide, and publish the retry or park copy (ciphertext as
-        received: ``delivered.body``, never the decrypted one)."""
+        received: ``delivered.body``, never the decrypted one). A hook hears of it after."""
+        deliver = delivered.delivery
         config = self.config
+        hooks = self.hooks
         if type(outcome) is Success:
             self._finished(tracker, tag)
+            if hooks is not None and hooks.wants("success"):
+                props = delivered.header.properties
+                hooks.emit(success_event(config.queue, props.message_id, attempt, deliver, headers))
             return
         if type(outcome) is HandlerTimeout and self.threads is not None:
             self._check_threads(self.threads)
-        deliver = delivered.delivery
         decision = decide(
             outcome,
             headers,
@@ -311,6 +320,10 @@ class Dispatcher:
         if isinstance(decision, Ack):
             self._finished(tracker, tag)
             return
+        if hooks is not None:  # told by the copy's confirm (_copy_confirmed)
+            props = delivered.header.properties
+            event = copy_event(config, props.message_id, attempt, decision, outcome)
+            hooks.expect(tracker, tag, event)
         await self._copies.send(
             self._channel,
             delivered,
@@ -321,6 +334,14 @@ class Dispatcher:
             _traceback_of(outcome),
             deliveries,
         )
+        if hooks is not None:
+            hooks.forget(tracker, tag)
+
+    def _copy_confirmed(self, tracker: AckTracker, tag: int) -> None:
+        """A retry or park copy is confirmed: its original may be acked, then its hook told."""
+        self._finished(tracker, tag)
+        if self.hooks is not None:
+            self.hooks.confirmed(tracker, tag)
 
     async def _run(self, message: Message) -> Any:
         """The handler's outcome for ``message`` (in a store transaction with --dedupe)."""
@@ -382,6 +403,12 @@ class Dispatcher:
         self, delivered: Delivery, tracker: AckTracker, tag: int, exc: Exception
     ) -> None:
         """Park a delivery rmqkit failed on as internal_error (CopySender.settle_failure)."""
+        if self.hooks is not None and tracker.is_open(tag):  # its fields may be decrypted
+            props, context = delivered.header.properties, current_message.get()
+            event = internal_error_event(
+                self.config.queue, props.message_id, context, exc, withhold=bool(self.keyring)
+            )
+            self.hooks.expect(tracker, tag, event)
         await self._copies.settle_failure(
             self._channel,
             delivered,
@@ -392,6 +419,8 @@ class Dispatcher:
             host=HOST,
             pid=self._pid,
         )
+        if self.hooks is not None:
+            self.hooks.forget(tracker, tag)
 
     # --- the watchdog: deliveries unsettled for too long --------------------------------------
     def _arm_watchdog(self) -> asyncio.TimerHandle:

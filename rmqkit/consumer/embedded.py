@@ -24,6 +24,7 @@ from rmqkit.broker.session import session
 from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, refuse_without_keyring
 from rmqkit.consumer.dedupe import dedupe_config
 from rmqkit.consumer.health_server import HealthServer
+from rmqkit.consumer.hooks import HookRunner, Hooks, hooks_for
 from rmqkit.consumer.lanes import run_consumers
 from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
 from rmqkit.consumer.metrics import ConsumerMetrics
@@ -50,6 +51,9 @@ class Consumer:
     from the broker's declared objects through the management API. ``settings``: the broker
     (default ``rmqkit.load_settings()``, i.e. the ``RMQKIT_*`` environment). The other keywords
     are ``rmqkit consume``'s options; None takes the topology's value, then the default.
+    ``hooks``: ``rmqkit.Hooks(on_success=..., on_retry=..., on_park=...)``, called after each
+    outcome is settled (docs/hooks.md); None takes the handler module's ``rmqkit_hooks`` if it
+    defines one, as ``rmqkit consume`` does (``rmqkit.Hooks()``: none).
 
     Bad arguments, a handler that cannot be one or an unreadable topology file raise here
     (UsageError, ConfigError, TopologyFileError). Connecting happens in ``start()``.
@@ -78,6 +82,7 @@ class Consumer:
         metrics_port: int | None = None,
         keyring: KeyRing | None = None,
         start_timeout_s: float = 30.0,
+        hooks: Hooks | None = None,
     ) -> None:
         _check_arguments(
             queue, prefetch, concurrency, max_attempts, handler_timeout_s, grace_s, start_timeout_s
@@ -86,6 +91,8 @@ class Consumer:
         self._loaded = (
             load_handler(handler) if isinstance(handler, str) else handler_from_callable(handler)
         )
+        # None: the handler module's own ``rmqkit_hooks``, as ``rmqkit consume`` reads it.
+        self._hooks = hooks_for(hooks, self._loaded)
         self._settings = settings if settings is not None else load_settings()
         self._spec = (
             topology
@@ -121,6 +128,7 @@ class Consumer:
         self._config: ConsumerConfig | None = None
         self._metrics: ConsumerMetrics | None = None
         self._runners: list[QueueConsumer] = []
+        self._hook_runner: HookRunner | None = None
         self._server: HealthServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._starting: asyncio.Lock | None = None
@@ -144,6 +152,7 @@ class Consumer:
         self = cls.__new__(cls)
         self.queue = config.queue
         self._loaded, self._settings, self._spec, self._keyring = handler, settings, None, keyring
+        self._hooks = hooks_for(None, handler)  # the handler module's ``rmqkit_hooks``
         self._server, self._task, self._starting, self._stopped = None, None, None, False
         self._build(config, cautious=cautious)
         return self
@@ -264,6 +273,8 @@ class Consumer:
     def _build(self, config: ConsumerConfig, *, cautious: bool) -> ConsumerMetrics:
         self._config = config
         metrics = self._metrics = ConsumerMetrics(config.queue, config.tier_names)
+        # One hook caller for every served queue, off their delivery paths (None: no hook).
+        self._hook_runner = HookRunner(self._hooks) if self._hooks is not None else None
         # One consumer per served queue (the work queue and its lanes, or the partitions),
         # sharing the metrics (rmqkit.consumer.lanes).
         self._runners = [
@@ -275,6 +286,7 @@ class Consumer:
                 cautious=cautious,
                 keyring=self._keyring,
                 missing_is_fatal=not cautious,
+                hooks=self._hook_runner,
             )
             for one in (config, *config.siblings)
         ]
@@ -302,12 +314,19 @@ class Consumer:
         """Run every served queue's consumer until stopped; release everything after."""
         assert self._metrics is not None  # built by start() or _resolved()
         beat = asyncio.create_task(_heartbeat(self._metrics))
+        hooks = self._hook_runner
+        calls = asyncio.create_task(hooks.run()) if hooks is not None else None
         try:
             for runner in self._runners:
                 if runner.dedupe is not None:  # initialised (else 78) and answering (else 69)
                     await runner.dedupe.start()
             await run_consumers(self._runners)
+            if hooks is not None:  # the last outcomes' hooks, bounded: one hook timeout
+                await hooks.drain(hooks.hooks.timeout_s)
         finally:
+            if calls is not None and hooks is not None:
+                calls.cancel()
+                hooks.close()
             self._stopped = True
             for runner in self._runners:
                 if runner.dedupe is not None:

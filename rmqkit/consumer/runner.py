@@ -36,6 +36,7 @@ from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.dispatch import Dispatcher
 from rmqkit.consumer.handler import LoadedHandler
+from rmqkit.consumer.hooks import HookRunner
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import Backoff
 from rmqkit.consumer.wiring import QueueIdentity, identity_changes, read_identity
@@ -79,8 +80,9 @@ class QueueConsumer(Dispatcher):
         cautious: bool = False,
         keyring: KeyRing | None = None,
         missing_is_fatal: bool = True,
+        hooks: HookRunner | None = None,
     ) -> None:
-        super().__init__(config, handler, metrics, keyring)
+        super().__init__(config, handler, metrics, keyring, hooks)
         self.settings = settings
         # Until the first consume: a missing queue means the topology was never declared (78).
         # After it (or in a worker restarted by the supervisor): the queue was deleted under a
@@ -200,10 +202,11 @@ class QueueConsumer(Dispatcher):
         self.metrics.set_connected(True, self.config.queue)
         self.metrics.set_consuming(True, self.config.queue)
         log.info(
-            "consuming %s on %s (prefetch %s)",
+            "consuming %s on %s (prefetch %s; hooks: %s)",
             self.config.queue,
             conn.display_url,
             "1, cautious after a crash" if self._cautious else self.prefetch,
+            "none" if self.hooks is None else self.hooks.hooks.describe(),
         )
         stop_wait = asyncio.ensure_future(self._stop.wait())
         closing = asyncio.ensure_future(channel.closing)
