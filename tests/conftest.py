@@ -129,6 +129,42 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             _let_go_of_lanes_lock()
 
 
+# The 4.x lines CI runs besides the default node's 3.10: `pytest.mark.semantics("4.0", "4.3")` on a
+# module names those it also runs on, and `--semantics-of 4.3` selects them (.ci/run).
+BROKER_LINES = ("4.0", "4.3")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--semantics-of",
+        metavar="VERSION",
+        choices=BROKER_LINES,
+        help="run only the tests marked semantics(..., VERSION, ...): those whose broker"
+        " behaviour differs on that RabbitMQ line",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Check every semantics mark names known lines; with --semantics-of, keep their tests."""
+    for item in items:
+        for mark in item.iter_markers("semantics"):
+            if not mark.args or not set(mark.args) <= set(BROKER_LINES):
+                raise pytest.UsageError(
+                    f"{item.nodeid}: semantics() takes the RabbitMQ lines it runs on, of"
+                    f" {', '.join(BROKER_LINES)}; got {mark.args!r}"
+                )
+    version = config.getoption("--semantics-of")
+    if not version:
+        return
+    kept, left = [], []
+    for item in items:
+        lines = {line for mark in item.iter_markers("semantics") for line in mark.args}
+        (kept if version in lines else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
 # Below this many open files a node holding the suite's vhosts and queues stops completing AMQP
 # handshakes (connections wait in file_handle_cache for minutes): 1024, the common soft limit, is
 # too few.

@@ -33,6 +33,9 @@ def _settled(vhost: str) -> bool:
     return all(v == 0 for v in counts.values())
 
 
+@pytest.mark.timing
+
+
 def test_kill_9_of_a_worker_mid_batch_loses_nothing(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from tests import broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 
 WORK = "ha.work"
 PARKING = "ha.work.parking"

@@ -21,6 +21,8 @@ from rmqkit.settings import with_vhost
 from tests import broker
 from tests.record_headers import Scenario, raw_headers
 
+pytestmark = pytest.mark.semantics("4.0", "4.3")
+
 
 def v4() -> bool:
     return bool(broker.version() >= (4, 0))

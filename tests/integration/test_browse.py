@@ -17,6 +17,8 @@ from rmqkit.parking.replay import replay_parked
 from rmqkit.settings import with_vhost
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.0", "4.3")
+
 QUEUE = "b.parking"
 COUNT = 8_000
 

@@ -57,7 +57,7 @@ from rmqkit.settings import with_vhost
 from tests import broker
 from tests.unit.test_codec import shortstr, tables
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.0", "4.3")]
 
 BROKER_OWNED = frozenset({"x-delivery-count"})
 QUEUES: dict[str, dict[str, FieldValue]] = {"quorum": {"x-queue-type": "quorum"}, "classic": {}}

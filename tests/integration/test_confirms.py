@@ -14,6 +14,8 @@ from rmqkit.broker.confirms import ConfirmedPublisher, Outcome
 from rmqkit.settings import with_vhost
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.0", "4.3")
+
 Scenario = Callable[[aiormq.abc.AbstractConnection, ConfirmedPublisher], Awaitable[None]]
 
 

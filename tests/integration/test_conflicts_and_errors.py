@@ -11,6 +11,8 @@ import pytest
 
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.3")
+
 
 def _objects(vhost: str) -> tuple[set[str], list[object], set[str]]:
     queues = broker.queue_names(vhost)
@@ -126,6 +128,9 @@ def test_bad_topology_files_exit_65_naming_file_and_key(
         assert result.returncode == 65, (command, result.stderr)
         line = result.stderr.strip()
         assert "\n" not in line and needle in line and str(tmp_path) in line, line
+
+
+@pytest.mark.timing
 
 
 def test_broker_down_exits_69_fast_with_the_password_masked() -> None:

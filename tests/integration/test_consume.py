@@ -11,10 +11,14 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from rmqkit.settings import with_vhost
 from tests import broker
 from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
 from tests.handlers import body
+
+pytestmark = pytest.mark.semantics("4.0")
 
 WORK, PARKING = "jobs.work", "jobs.work.parking"
 
@@ -114,6 +118,9 @@ def test_a_message_failing_every_time_is_parked_exhausted(
     assert _all_queues_empty_but_parking(jobs_vhost)
 
 
+@pytest.mark.timing
+
+
 def test_sigterm_under_load_exits_0_in_grace_and_leaves_nothing_unacked(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
@@ -138,6 +145,9 @@ def test_sigterm_under_load_exits_0_in_grace_and_leaves_nothing_unacked(
         lambda: (q := broker.mgmt_queue(jobs_vhost, WORK)) and q.get("consumers") == 0 and q
     )
     assert queue and queue.get("messages_unacknowledged", 0) == 0
+
+
+@pytest.mark.timing
 
 
 def test_a_second_signal_stops_at_once_and_loses_nothing(
@@ -190,6 +200,9 @@ def test_without_topology_the_queue_settings_come_from_the_broker(
     assert wait_until(lambda: effects(ledger)[mid] == 1, timeout_s=20), consumer.output()
     assert consumer.stop() == 0
     assert Counter(a for m, a, k, _ in events(ledger) if k == "attempt") == {1: 1, 2: 1}
+
+
+@pytest.mark.timing
 
 
 def test_jitter_spreads_a_burst_of_retries_over_the_tier_window(

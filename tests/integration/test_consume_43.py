@@ -37,6 +37,8 @@ from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_
 from tests.handlers import body, record
 from tests.ports import free_port
 
+pytestmark = pytest.mark.semantics("4.3")
+
 WORK, PARKING = "jobs.work", "jobs.work.parking"
 DELIVERY_LIMIT = 3  # tests/topologies/jobs.toml
 
@@ -88,6 +90,9 @@ def _url(vhost: str) -> str:
     from rmqkit.settings import with_vhost
 
     return with_vhost(broker.BASE_URL, vhost)
+
+
+@pytest.mark.timing
 
 
 def test_a_full_parking_queue_does_not_make_an_endless_retry_loop(

@@ -13,9 +13,13 @@ import signal
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests import broker
 from tests.consumer_harness import ConsumerProcess, events, wait_until
 from tests.handlers import body
+
+pytestmark = pytest.mark.semantics("4.3")
 
 PARKING = "jobs.work.parking"
 LIMIT = 3  # delivery_limit of jobs.work in tests/topologies/jobs.toml

@@ -11,6 +11,8 @@ import pytest
 
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.0")
+
 WORK = "orders.work"
 PARKING = "orders.work.parking"
 WAIT_1S = "orders.work.wait.1s"
@@ -80,6 +82,9 @@ def test_declare_creates_every_object_with_its_settings(declared: str) -> None:
     bindings = broker.api("GET", f"/bindings/{broker.q(vhost)}").json()
     ours = [(b["source"], b["destination"], b["routing_key"]) for b in bindings if b["source"]]
     assert ours == [("orders", WORK, "order.*")]
+
+
+@pytest.mark.timing
 
 
 def test_messages_flow_through_the_wiring(declared: str) -> None:

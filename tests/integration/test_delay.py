@@ -41,6 +41,8 @@ from rmqkit.errors import DataError
 from rmqkit.settings import Settings, load_settings, with_vhost
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.3")
+
 UNIT_MS = 10
 LATENCY_MS = 1000  # the broker's hop latency and this process's own, see above
 EXCHANGE, WORK, KEY = "orders", "orders.work", "order.created"

@@ -36,7 +36,7 @@ from pamqp import commands as spec
 from rmqkit.settings import with_vhost
 from tests import broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 
 ROOT = Path(__file__).resolve().parents[2]
 FORCED = ROOT / "constraints" / "aiormq-7.2.0.txt"

@@ -21,7 +21,7 @@ from rmqkit.settings import with_vhost
 from rmqkit.topology import declare_topology, load_topology
 from tests import broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 ROOT = Path(__file__).resolve().parents[2]
 ORDERS = str(ROOT / "topologies" / "orders.toml")
 VERSION = parse_version(str(broker.api("GET", "/overview").json()["rabbitmq_version"]))

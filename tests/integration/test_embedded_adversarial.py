@@ -24,6 +24,8 @@ from tests.integration.test_embedded_consumer import (
     until,
 )
 
+pytestmark = pytest.mark.semantics("4.3")
+
 
 @pytest.fixture
 def settings(vhost: str) -> Settings:
@@ -180,6 +182,9 @@ def test_cancelled_task_and_closed_loop_mid_message_redeliver_it(
     assert not done
     assert broker.wait_for(lambda: broker.depths(vhost, [queue])[queue] == 3, timeout_s=10)
     broker.drain(vhost, queue)
+
+
+@pytest.mark.timing
 
 
 def test_grace_running_out_hands_the_rest_back_and_cancels_async_handlers(

@@ -23,6 +23,8 @@ from rmqkit.topology.expand import wait_queue_names
 from rmqkit.topology.model import Topology
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.3")
+
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = """
 [exchanges."{name}"]

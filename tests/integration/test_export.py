@@ -14,10 +14,13 @@ import pytest
 
 from tests import broker
 
-pytestmark = pytest.mark.skipif(
-    not broker.RABBITMQCTL and shutil.which("rabbitmqctl") is None,
-    reason="needs rabbitmqctl for the node under test (RMQKIT_TEST_RABBITMQCTL)",
-)
+pytestmark = [
+    pytest.mark.semantics("4.3"),
+    pytest.mark.skipif(
+        not broker.RABBITMQCTL and shutil.which("rabbitmqctl") is None,
+        reason="needs rabbitmqctl for the node under test (RMQKIT_TEST_RABBITMQCTL)",
+    ),
+]
 
 
 def _snapshot(vhost: str) -> dict[str, Any]:

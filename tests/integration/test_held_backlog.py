@@ -24,7 +24,7 @@ import pytest
 from rmqkit import headers as h
 from tests import broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 
 WORK = "hb.work"
 WAIT = "hb.work.wait.1s"

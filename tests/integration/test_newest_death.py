@@ -20,11 +20,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiormq
+import pytest
 from pamqp import commands as spec
 
 from rmqkit import headers as h
 from rmqkit.settings import with_vhost
 from tests import broker
+
+pytestmark = pytest.mark.semantics("4.0", "4.3")
 
 WORK = "n.work"
 PARKING = "n.work.parking"

@@ -23,6 +23,8 @@ from rmqkit.topology import load_topology
 from rmqkit.topology.apply import declare_topology
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.3")
+
 TOPOLOGY = """
 [queues."hw.work"]
 retry_delays = ["1s", "5s"]

@@ -28,7 +28,7 @@ import rmqkit.outbox
 from rmqkit.settings import with_vhost
 from tests import broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 
 BASE_DSN = os.environ.get("RMQKIT_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 

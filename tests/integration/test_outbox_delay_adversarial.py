@@ -54,7 +54,7 @@ from tests.integration.test_outbox_delayed import (
 )
 from tests.integration.test_outbox_lifecycle import _exit_of, _one_line
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 
 
 # --- delayed rows whose exit breaks ---------------------------------------------------------
@@ -236,6 +236,9 @@ def proxy() -> Iterator[SilentProxy]:
     made = SilentProxy((host, int(port)))
     yield made
     made.close()
+
+
+@pytest.mark.timing
 
 
 def test_sigterm_while_the_broker_connection_is_silent(

@@ -23,6 +23,8 @@ from tests import broker
 from tests.consumer_harness import ConsumerProcess, events, wait_until
 from tests.handlers import body
 
+pytestmark = pytest.mark.semantics("4.3")
+
 ROOT = Path(__file__).resolve().parents[2]
 LANES = str(ROOT / "tests" / "topologies" / "parking_lanes.toml")
 PARKING = "lanes.parking"

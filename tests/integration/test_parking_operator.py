@@ -23,6 +23,8 @@ import pytest
 from rmqkit.settings import with_vhost
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.3")
+
 TOPOLOGY = '[queues."op.work"]\nretry_delays = ["1s"]\n'
 PARKING = "op.work.parking"
 BOUNDED = "op.bounded"

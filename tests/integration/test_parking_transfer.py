@@ -23,6 +23,8 @@ from rmqkit.settings import with_vhost
 from tests import broker
 from tests.integration.test_codec_roundtrip import broker_messages, every_property
 
+pytestmark = pytest.mark.semantics("4.0", "4.3")
+
 PARKING = "t.work.parking"
 TOPOLOGY = '[queues."t.work"]\nretry_delays = ["1s"]\n'
 BROKER_OWNED = {"x-delivery-count", "x-acquired-count"}

@@ -23,6 +23,8 @@ from rmqkit.broker.amqp import parse_version
 from rmqkit.broker.policies import resolve_queue
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.0")
+
 # id, minimum (major, minor), queue type, arguments, policy, operator policy
 ROWS: list[tuple[str, tuple[int, int], str, dict[str, Any], dict[str, Any], dict[str, Any]]] = [
     ("ttl-lowest", (3, 10), "quorum", {"x-message-ttl": 1000}, {"message-ttl": 500},

@@ -15,7 +15,7 @@ import rmqkit
 from tests import broker
 from tests.integration.test_publisher_api import declare, get_raw, held
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 
 
 def test_a_reused_message_id_in_flight_keeps_both_messages(vhost: str) -> None:

@@ -21,7 +21,7 @@ from rmqkit.settings import Settings
 from rmqkit.topology import declare_topology, load_topology
 from tests import broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 
 SECRET = "SENTINEL-41c2-TAXID"
 TOPOLOGY = """

@@ -6,7 +6,11 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests import broker
+
+pytestmark = pytest.mark.semantics("4.3")
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,12 +12,15 @@ import asyncio
 import uuid
 
 import aiormq
+import pytest
 from pamqp import commands as spec
 
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.replay import replay_parked
 from rmqkit.settings import with_vhost
 from tests import broker
+
+pytestmark = pytest.mark.semantics("4.0", "4.3")
 
 PARKING = "r.work.parking"
 

@@ -24,6 +24,8 @@ from rmqkit import headers as h
 from rmqkit.settings import with_vhost
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.0", "4.3")
+
 EXCHANGE = "o"
 KEY = "o.created"
 WORK = "o.work"

@@ -15,6 +15,8 @@ import pytest
 
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.3")
+
 WORK = "keep.work"
 PARKING = "keep.work.parking"
 WAIT = "keep.work.wait.1s"
@@ -60,6 +62,9 @@ def test_plan_states_the_retention(declared: tuple[str, Path]) -> None:
     assert data["work_queues"][0]["retention_ms"] == 2000
     policy = broker.api("GET", f"/policies/{broker.q(vhost)}/rmqkit.{WORK}").json()
     assert policy["definition"]["message-ttl"] == 2000
+
+
+@pytest.mark.timing
 
 
 def test_expired_messages_are_all_parked_with_reason_expired(declared: tuple[str, Path]) -> None:

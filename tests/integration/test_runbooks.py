@@ -27,6 +27,8 @@ from tests import broker
 from tests.ports import closed_port
 from tests.runbooks_harness import RUNBOOKS, Runbook, blocks
 
+pytestmark = pytest.mark.semantics("4.3")
+
 WORK = "orders.work"
 PARKING = "orders.work.parking"
 

@@ -21,6 +21,8 @@ from tests import broker
 from tests.consumer_harness import ConsumerProcess, effects, events, wait_until
 from tests.handlers import body
 
+pytestmark = pytest.mark.semantics("4.3")
+
 WORK, PARKING = "jobs.work", "jobs.work.parking"
 MAX_INT64 = 2**63 - 1
 

@@ -12,12 +12,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rmqkit import headers as h
 from rmqkit.broker.codec import MAX_DEPTH
 from tests import broker
 from tests.consumer_harness import ConsumerProcess, effects, events, wait_until
 from tests.handlers import body
 from tests.settle_handlers import FAULT
+
+pytestmark = pytest.mark.semantics("4.3")
 
 WORK, PARKING = "jobs.work", "jobs.work.parking"
 DEEP = MAX_DEPTH - 1  # tables in tables: with the top-level table, as deep as can be read

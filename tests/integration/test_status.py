@@ -23,7 +23,7 @@ from rmqkit.settings import with_vhost
 from rmqkit.topology import declare_topology, load_topology
 from tests import broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 ROOT = Path(__file__).resolve().parents[2]
 ORDERS = str(ROOT / "topologies" / "orders.toml")
 NOW = datetime.now(UTC)
@@ -162,6 +162,9 @@ def test_status_of_a_topology_not_declared_marks_its_queues(fresh_vhost: Any) ->
     report = status_json(fresh_vhost(), "--topology", ORDERS)
     assert report["queues"] and not any(q["exists"] for q in report["queues"])
     assert {q["note"] for q in report["queues"]} == {"not declared"}
+
+
+@pytest.mark.timing
 
 
 def test_status_watch_redraws_until_ctrl_c(populated: str) -> None:

@@ -22,6 +22,8 @@ import pytest
 from rmqkit.delay import Ladder
 from tests import broker
 
+pytestmark = pytest.mark.semantics("4.3")
+
 # topologies/flow.toml with one retry tier and one wait queue per tier (fewer quorum queues for
 # a 2-core CI machine; the shape is the same).
 FLOW_TEXT = (
@@ -217,6 +219,9 @@ def test_rejected_from_a_lane_or_partition_parks_in_the_parents_parking(declared
     # the origin queue tells which lane or partition a parked message came from
     assert broker.run(_x_death_queue(vhost, "media.work.parking")) == [LANE]
     assert broker.run(_x_death_queue(vhost, "accounts.work.parking")) == [part]
+
+
+@pytest.mark.timing
 
 
 def test_a_delayed_message_leaves_the_ladder_by_the_exit_declare_made(declared: str) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from tests import broker
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 
 # One work queue per zero spelling, no retry tiers (fewer queues), all bound to one exchange.
 ZEROS = {"zd.m": "0m", "zd.f": "0.0s", "zd.ms": "0ms"}
