@@ -1,4 +1,5 @@
-"""`rmqkit consume module:handler`: a supervised consumer of one work queue."""
+"""`rmqkit consume module:handler` (or a module of routed handlers): a supervised consumer of one
+work queue."""
 
 from __future__ import annotations
 
@@ -31,7 +32,16 @@ def consume(
     ctx: typer.Context,
     handler: str = typer.Argument(
         ...,
-        help="The handler as module:function (imported from the current directory, like uvicorn).",
+        help="The handler as module:function (imported from the current directory, like "
+        "uvicorn), or a module whose @rmqkit.handler(TYPE) functions each take the messages of "
+        "their TYPE (see --route-by).",
+    ),
+    route_by: str | None = typer.Option(
+        None,
+        "--route-by",
+        help="With a module HANDLER: where a message's type is read, 'header:NAME' or "
+        "'routing-key' (default header:type). A message no handler's type matches is parked "
+        "as unroutable_type.",
     ),
     queue: str = typer.Option(
         ...,
@@ -147,7 +157,9 @@ def consume(
     while it runs stops only that queue's consumer until the queue is declared again (the log
     and /readyz name it). Workers stop (gracefully) when the supervisor dies, however killed."""
     settings = settings_from(ctx)
-    loaded = load_handler(handler)  # fail here, once, with one line (exit 78), not per worker
+    loaded = load_handler(
+        handler, route_by=route_by
+    )  # fail here, once, with one line (exit 78), not per worker
     flags = ConsumerFlags(
         prefetch=prefetch,
         concurrency=concurrency,

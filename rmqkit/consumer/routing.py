@@ -153,13 +153,16 @@ def router_of_module(module: types.ModuleType, route_by: str = DEFAULT_ROUTE_BY)
     there). Two handlers for one type, or none at all, are ConfigErrors naming the fix."""
     name = module.__name__
     router = Router(route_by, name=f"module '{name}'")
-    seen: set[int] = set()
+    # An alias of a decorated function is one route, named by the function's own name.
+    named: dict[int, tuple[str, Any]] = {}
     for attr, value in sorted(vars(module).items()):
         marks = getattr(value, _MARK, None) if callable(value) else None
-        if not isinstance(marks, tuple) or id(value) in seen:
-            continue  # an alias of a function already taken counts once
-        seen.add(id(value))
-        for owner, message_type in marks:
+        if not isinstance(marks, tuple):
+            continue
+        if id(value) not in named or attr == getattr(value, "__name__", None):
+            named[id(value)] = (attr, value)
+    for attr, value in sorted(named.values(), key=lambda item: item[0]):
+        for owner, message_type in getattr(value, _MARK):
             if owner == name:
                 router.add(message_type, value, name=f"{name}:{attr}")
     if not router.routes:

@@ -186,6 +186,11 @@ def _shown_param(p: inspect.Parameter) -> str:
 
 
 def _role_of(hint: Any) -> Role:
+    args = typing.get_args(hint)
+    if type(None) in args and typing.get_origin(hint) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and rest[0] in (Message, Transaction):
+            hint = rest[0]  # ``Message | None = None``: still the Message
     if hint is inspect.Parameter.empty or hint is Message:
         return Role.MESSAGE
     if hint is Transaction:
