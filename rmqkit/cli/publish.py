@@ -4,32 +4,25 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from
 from rmqkit.cli.render import stderr
 from rmqkit.durations import format_duration_ms, parse_delay_ms
-from rmqkit.errors import BrokerUnavailable, DataError, UsageError
-from rmqkit.publishing.edge import at_edge
-from rmqkit.publishing.engine import publish_messages
-from rmqkit.publishing.ids import IdSource, derived_message_id
+from rmqkit.errors import UsageError
+from rmqkit.publishing.engine import PublishReport
+from rmqkit.publishing.ids import IdSource
 from rmqkit.publishing.inputs import (
     OutgoingMessage,
     messages_from_bodies,
     messages_from_lines,
     messages_from_ndjson,
 )
-from rmqkit.settings import Settings
-
-if TYPE_CHECKING:
-    from rmqkit.broker.session import Session
-    from rmqkit.outbox.edge import Edge, Encryptor, Routed
+from rmqkit.publishing.stream import PublishEdge, publish_input
 
 ID_FROM_OPT = typer.Option(
     None,
@@ -134,84 +127,80 @@ def publish(
         raise UsageError("--message-id goes with exactly one --body")
     if sum((random_ids, id_from is not None, message_id is not None)) > 1:
         raise UsageError("give at most one of --message-id, --id-from and --random-ids")
-    ids = IdSource(exchange, routing_key, field=id_from, random=random_ids)
-    edge = _edge(settings, topology, delay_ms)
-    if id_from is not None and edge is not None and edge[1] is not None:
-        _refuse_sensitive_id(id_from, ndjson, edge[1], exchange, routing_key)
+    if not body and sys.stdin.isatty():
+        raise UsageError("give --body or pipe messages on stdin (one per line)")
+    ids = IdSource(exchange, routing_key, field=id_from, random=random_ids, in_record=ndjson)
+    edge = PublishEdge.load(settings, topology, delay_ms)  # 65/78 here, before input is read
     messages: Iterable[OutgoingMessage]
     if body:
-        messages = list(
-            messages_from_bodies(
-                [text.encode() for text in body],
-                headers=headers or None,
-                content_type=content_type,
-                ids=ids,
-            )
-        )
-        if message_id is not None:
-            messages = [replace(messages[0], message_id=message_id, derived_at=None)]
-    elif sys.stdin.isatty():
-        raise UsageError("give --body or pipe messages on stdin (one per line)")
+        messages = _bodies(body, headers or None, content_type, ids, message_id)
     elif ndjson:
-        messages = list(messages_from_ndjson(sys.stdin.buffer, headers=headers or None, ids=ids))
+        messages = messages_from_ndjson(sys.stdin.buffer, headers=headers or None, ids=ids)
     else:
         messages = messages_from_lines(
             sys.stdin.buffer, headers=headers or None, content_type=content_type, ids=ids
         )
-        if id_from is not None:  # every line's id is checked before anything is published
-            messages = list(messages)
-    prepare = None
-    if edge is not None:
-        messages, routed = _at_edge(messages, exchange, routing_key, *edge, delay_ms)
-
-        async def prepare(session: Session) -> None:
-            failed = await edge[0].declare(session, routed)
-            if failed:  # nothing is published: a delayed message would wait for its exit
-                (exchange_, key_), error = next(iter(failed.items()))
-                where = f"exchange {exchange_!r}" if exchange_ else f"queue {key_!r}"
-                raise DataError(f"delayed messages for {where}: {error}")
-
     report = run_async(
-        publish_messages(
+        publish_input(
             settings,
             exchange,
             routing_key,
             messages,
+            edge=edge,
+            ids=ids,
+            all_first=bool(body) or ndjson,  # stdin lines stream; a file of records does not
             window=window,
             retry_busy=retry_busy,
-            repeatable_ids=ids.repeatable,
             notice=_notice,
             notice_every_s=notice_every_s,
             timeout_s=timeout_s,
-            prepare=prepare,
         )
     )
+    _render(report, as_json)
+    error = report.failure()
+    if error is not None:
+        raise error
+
+
+def _bodies(
+    bodies: list[str],
+    headers: dict[str, object] | None,
+    content_type: str | None,
+    ids: IdSource,
+    message_id: str | None,
+) -> Iterator[OutgoingMessage]:
+    """The --body messages; the one --body's --message-id replaces its derived id."""
+    for message in messages_from_bodies(
+        [text.encode() for text in bodies], headers=headers, content_type=content_type, ids=ids
+    ):
+        if message_id is not None:
+            message = replace(message, message_id=message_id, derived_at=None)
+        yield message
+
+
+def _render(report: PublishReport, as_json: bool) -> None:
+    """The summary: JSON on stdout, or a line on stderr (and, with --topology/--delay, one
+    more: how many went to which lane, how many were delayed and by how much — their confirm
+    means "in the delay ladder", not "delivered")."""
     if as_json:
-        summary = report.as_dict()
-        if edge is not None:  # only with --topology/--delay: the plain summary keeps its keys
-            summary |= _edge_counts(routed)
-        print(json.dumps(summary))
-    else:
-        stderr.print(
-            f"published {report.published}, confirmed {report.confirmed}, returned "
-            f"{report.returned}, nacked {report.nacked}"
-            + (f" (after {report.retried} busy retries)" if report.retried else ""),
-            highlight=False,
-        )
-        if edge is not None:
-            _edge_summary(routed)
-    if report.returned:
-        raise DataError(
-            f"{report.returned} message(s) were unroutable (no queue bound for them) and were "
-            f"returned, e.g. message_id {report.returned_ids[0]} — check the routing key and "
-            "bindings (`rmqkit plan`)"
-        )
-    if report.nacked:
-        raise BrokerUnavailable(
-            f"broker busy: {report.nacked} message(s) refused because a bounded queue is full "
-            "(overflow reject-publish) — retry later, or use --retry-busy; every other message "
-            "is confirmed"
-        )
+        print(json.dumps(report.as_dict()))
+        return
+    stderr.print(
+        f"published {report.published}, confirmed {report.confirmed}, returned "
+        f"{report.returned}, nacked {report.nacked}"
+        + (f", too large {report.too_large}" if report.too_large else "")
+        + (f" (after {report.retried} busy retries)" if report.retried else ""),
+        highlight=False,
+    )
+    if report.lanes is None:
+        return
+    parts = [f"{n} to lane {lane}" for lane, n in sorted(report.lanes.items())]
+    if report.delays_ms:
+        low, high = min(report.delays_ms), max(report.delays_ms)
+        span = format_duration_ms(low) + ("" if low == high else f"-{format_duration_ms(high)}")
+        parts.append(f"{len(report.delays_ms)} delayed by {span} (in the delay ladder until then)")
+    if parts:
+        stderr.print("; ".join(parts), highlight=False)
 
 
 def _notice(line: str) -> None:
@@ -227,137 +216,3 @@ def _delay_option(text: str | None) -> int | None:
         return parse_delay_ms(text)
     except ValueError as exc:
         raise UsageError(f"--delay: {exc}") from None
-
-
-def _edge(
-    settings: Settings, topology: Path | None, delay_ms: int | None
-) -> tuple[Edge, Encryptor | None] | None:
-    """The Edge (lanes, delays) and the Encryptor of --topology / --delay; None without them.
-    A delay beyond the ladder's maximum: DelayRangeError (65) here, before anything is read."""
-    if topology is None and delay_ms is None:
-        return None
-    from rmqkit.cli.keyring_settings import keyring_of
-    from rmqkit.outbox.edge import Edge, Encryptor
-    from rmqkit.topology import load_topology
-
-    spec = load_topology(topology) if topology is not None else None
-    edge = Edge(spec)
-    if delay_ms:
-        edge.check_delay(delay_ms, "--delay: ")
-    encryptor = None
-    if spec is not None and any(q.encrypt for q in spec.model.queues.values()):
-        encryptor = Encryptor(keyring=keyring_of(settings), topology=spec)
-    return edge, encryptor
-
-
-def _at_edge(
-    messages: Iterable[OutgoingMessage],
-    exchange: str,
-    routing_key: str,
-    edge: Edge,
-    encryptor: Encryptor | None,
-    delay_ms: int | None,
-) -> tuple[list[OutgoingMessage], list[Routed]]:
-    """Every message encrypted and routed (lane, delay ladder), before anything is published.
-
-    A derived message_id of a message with sensitive fields is keyed (``derived_message_id``
-    with the key ring's index key) over the body as given: a rerun gets the same ids, and no
-    one reading an id can test guesses of an encrypted value against it. Errors name the
-    message by where it came from (line or --body index), not by such an id."""
-    out: list[OutgoingMessage] = []
-    routed: list[Routed] = []
-    for number, message in enumerate(messages, start=1):
-        key = message.routing_key if message.routing_key is not None else routing_key
-        message_id = message.message_id
-        try:
-            body, where = at_edge(
-                edge,
-                encryptor,
-                exchange,
-                key,
-                message.body,
-                message.headers,
-                delay_ms=delay_ms,
-                expiration=message.expiration,
-            )
-            # a derived id of a body with sensitive fields (encrypted: a new object) is keyed
-            if (
-                encryptor is not None
-                and message.derived_at is not None
-                and body is not message.body
-            ):
-                assert encryptor.keyring is not None  # encrypt refuses without one
-                message_id = derived_message_id(
-                    exchange,
-                    key,
-                    message.derived_at,
-                    message.body,
-                    keyed=encryptor.keyring.index_digest,
-                )
-        except DataError as exc:
-            raise DataError(f"{_named(message, number)}: {exc}") from None
-        routed.append(where)
-        out.append(
-            replace(
-                message,
-                body=body,
-                message_id=message_id,
-                exchange=where.exchange,
-                routing_key=where.routing_key,
-                headers=where.headers,
-            )
-        )
-    return out, routed
-
-
-def _named(message: OutgoingMessage, number: int) -> str:
-    """How an error names a message: where it came from, and its message_id unless derived
-    from the body (a derived id of a body with sensitive fields is not shown before it is
-    keyed)."""
-    where = f"message {number} ({message.where})" if message.where else f"message {number}"
-    if message.derived_at is not None:
-        return where
-    return f"{where} (message_id {message.message_id})"
-
-
-def _refuse_sensitive_id(
-    id_from: str, ndjson: bool, encryptor: Encryptor, exchange: str, routing_key: str
-) -> None:
-    """UsageError (64) for --id-from naming a field the topology encrypts: the message_id
-    would carry its value in plaintext (in every log line, parking list and export)."""
-    if ndjson and not id_from.startswith("body."):
-        return  # a field of the NDJSON record itself, not of the body
-    field = id_from.removeprefix("body.") if ndjson else id_from
-    paths, _ = encryptor.fields_for(exchange, routing_key)
-    for path in paths:
-        if field == path or field.startswith((path + ".", path + "[")):
-            raise UsageError(
-                f"--id-from {id_from}: {path} is a sensitive field the topology encrypts; as "
-                "the message_id its value would travel in plaintext — take the id from another "
-                "field (nothing was published)"
-            )
-
-
-def _edge_counts(routed: list[Routed]) -> dict[str, object]:
-    """``--json`` with --topology/--delay: messages per lane queue, and how many were delayed."""
-    return {
-        "lanes": dict(sorted(Counter(r.lane for r in routed if r.lane).items())),
-        "delayed": sum(1 for r in routed if r.applied_ms),
-    }
-
-
-def _edge_summary(routed: list[Routed]) -> None:
-    """One stderr line: how many went to which lane, how many were delayed and by how much
-    (their confirm means "in the delay ladder", not "delivered")."""
-    parts = [
-        f"{n} to lane {lane}"
-        for lane, n in sorted(Counter(r.lane for r in routed if r.lane).items())
-    ]
-    delayed = [r for r in routed if r.applied_ms]
-    if delayed:
-        low = min(r.applied_ms for r in delayed)
-        high = max(r.applied_ms for r in delayed)
-        span = format_duration_ms(low) + ("" if low == high else f"-{format_duration_ms(high)}")
-        parts.append(f"{len(delayed)} delayed by {span} (in the delay ladder until then)")
-    if parts:
-        stderr.print("; ".join(parts), highlight=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -15,8 +16,8 @@ from typing import Any
 from rmqkit.broker.amqp import map_channel_error
 from rmqkit.broker.blocking import BlockWatch, describe
 from rmqkit.broker.codec import Properties
-from rmqkit.broker.session import ConfirmedPublisher, Outcome, Session, open_session
-from rmqkit.errors import BrokerUnavailable, RmqkitError
+from rmqkit.broker.session import Channel, Outcome, Session, open_session
+from rmqkit.errors import BrokerUnavailable, DataError, MessageTooLarge, RmqkitError
 from rmqkit.publishing.inputs import OutgoingMessage
 from rmqkit.settings import Settings
 
@@ -34,17 +35,54 @@ class PublishReport:
     returned: int = 0  # unroutable (mandatory): no queue took them
     nacked: int = 0  # refused by the broker, e.g. a full queue with overflow reject-publish
     retried: int = 0  # busy retries made (--retry-busy)
+    too_large: int = 0  # over the broker's max_message_size: refused for good, never sent again
     returned_ids: list[str] = field(default_factory=list)
     nacked_ids: list[str] = field(default_factory=list)
+    too_large_ids: list[str] = field(default_factory=list)
+    max_message_bytes: int | None = None  # the broker's limit, once it refused a message
+    # With a topology or a delay (``publish_input``): messages per lane queue, and the delays
+    # the ladder applies (ms, one per delayed message); None / empty without either.
+    lanes: dict[str, int] | None = None
+    delays_ms: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        counts: dict[str, Any] = {
             "published": self.published,
             "confirmed": self.confirmed,
             "returned": self.returned,
             "nacked": self.nacked,
             "retried": self.retried,
         }
+        if self.too_large:  # only when the broker refused some: the plain summary keeps its keys
+            counts["too_large"] = self.too_large
+        if self.lanes is not None:  # only with a topology/delay: the plain summary keeps its keys
+            counts |= {"lanes": dict(sorted(self.lanes.items())), "delayed": len(self.delays_ms)}
+        return counts
+
+    def failure(self) -> RmqkitError | None:
+        """The error of a run that did not get every message confirmed (None if it did):
+        returned ones first (DataError 65: retrying does not help), then busy (69)."""
+        if self.returned:
+            return DataError(
+                f"{self.returned} message(s) were unroutable (no queue bound for them) and were "
+                f"returned, e.g. message_id {self.returned_ids[0]} — check the routing key and "
+                "bindings (`rmqkit plan`)"
+            )
+        if self.too_large:
+            return MessageTooLarge(
+                f"{self.too_large} message(s) larger than the broker's max_message_size "
+                f"({self.max_message_bytes} bytes) were refused, e.g. message_id "
+                f"{self.too_large_ids[0]}; every other message is settled as counted — send "
+                "smaller bodies (a reference to the payload, or split it), or raise "
+                "max_message_size in rabbitmq.conf"
+            )
+        if self.nacked:
+            return BrokerUnavailable(
+                f"broker busy: {self.nacked} message(s) refused because a bounded queue is full "
+                "(overflow reject-publish) — retry later, or use --retry-busy; every other "
+                "message is confirmed"
+            )
+        return None
 
 
 async def publish_messages(
@@ -89,8 +127,8 @@ async def publish_messages(
         await amqp.require_exchange(exchange)
         if prepare is not None:
             await prepare(amqp)
-        channel = await amqp.channel(confirms=True, window=window)
-        publisher = channel.publisher
+        link = _Link(amqp, window)
+        await link.open()
         slots = asyncio.Semaphore(window)
         done = 0
 
@@ -100,7 +138,7 @@ async def publish_messages(
             nonlocal done
             try:
                 confirmed = await _send_one(
-                    publisher, exchange, routing_key, message, report, retry_busy, busy_retries
+                    link, exchange, routing_key, message, report, retry_busy, busy_retries
                 )
             except Exception as exc:  # the connection is gone: stop feeding, report once
                 failures.append(exc)
@@ -136,7 +174,7 @@ async def publish_messages(
                 await feed()
             else:
                 await _within(feed(), tracker, timeout_s, report, watch, repeatable_ids)
-        await publisher.close()
+        await link.channel.publisher.close()
         if progress is not None:
             progress(done)
         if failures:
@@ -144,13 +182,58 @@ async def publish_messages(
             if isinstance(error, RmqkitError):
                 error.args = (f"{error} — {rerun_advice(report.confirmed, repeatable_ids)}",)
             raise error
-        await channel.close()
+        await link.channel.close()
     finally:
         # A blocked connection is not read by the broker: its close is never answered, and
         # aiormq gives up on it after a few seconds; do not wait longer than that.
         with contextlib.suppress(Exception, TimeoutError):
             await asyncio.wait_for(amqp.close(), timeout=5)
     return report
+
+
+class _Link:
+    """The run's confirm channel. The broker closes it for a message over its
+    ``max_message_size``: that message is refused for good (``too_large``), a new channel is
+    opened once, and the messages that were in flight with it are sent again on it (their
+    first copy's fate is unknown: duplicates are possible, loss is not)."""
+
+    def __init__(self, amqp: Session, window: int) -> None:
+        self.amqp = amqp
+        self.window = window
+        self.limit: int | None = None  # the broker's max_message_size, once it refused one
+        self.channel: Channel
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        self.channel = await self.amqp.channel(confirms=True, window=self.window)
+
+    async def reopen(self, failed: Channel) -> None:
+        """A new channel, unless another message's failure on ``failed`` opened one already."""
+        async with self._lock:
+            if self.channel is failed:
+                with contextlib.suppress(Exception):
+                    await failed.publisher.close()
+                await self.open()
+
+    def refusal(self, exc: BaseException, channel: Channel) -> int | None:
+        """The broker's max_message_size if ``channel`` failed because it refused a message
+        over it (this one's, or another's in flight with it), else None."""
+        limit = size_limit(str(exc))
+        if limit is None and channel.is_closed:  # "channel closed": closed for which message?
+            limit = size_limit(channel.closed_reason())
+        if limit is not None:
+            self.limit = limit
+        return limit
+
+
+# RabbitMQ's channel close for a message over max_message_size (PRECONDITION_FAILED).
+_TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size (\d+)")
+
+
+def size_limit(text: str) -> int | None:
+    """The broker's max_message_size if ``text`` is its refusal of a message over it."""
+    found = _TOO_LARGE.search(text)
+    return int(found.group(1)) if found else None
 
 
 class _Tracker:
@@ -272,7 +355,7 @@ def rerun_advice(confirmed: int, repeatable_ids: bool) -> str:
 
 
 async def _send_one(
-    publisher: ConfirmedPublisher,
+    link: _Link,
     exchange: str,
     routing_key: str,
     message: OutgoingMessage,
@@ -281,7 +364,7 @@ async def _send_one(
     busy_retries: int,
 ) -> bool:
     """Publish one message until it is settled; whether the broker confirmed it (False:
-    returned, or nacked after the busy retries)."""
+    returned, too large, or nacked after the busy retries)."""
     properties = Properties(
         delivery_mode=2,
         message_id=message.message_id,
@@ -298,12 +381,22 @@ async def _send_one(
         exchange = message.exchange
     attempt = 0
     while True:
+        if link.limit is not None and len(message.body) > link.limit:
+            report.too_large += 1  # refused for good: sent again, it closes the channel again
+            report.too_large_ids.append(message.message_id)
+            report.max_message_bytes = link.limit
+            return False
+        channel = link.channel
         try:
-            settled = await publisher.publish(
+            settled = await channel.publisher.publish(
                 message.body, exchange=exchange, routing_key=key, properties=properties
             )
             outcome = await settled
         except Exception as exc:
+            if link.refusal(exc, channel) is not None:
+                if len(message.body) <= (link.limit or 0):
+                    await link.reopen(channel)  # closed for another message: send this again
+                continue  # (too large: counted at the top)
             mapped = map_channel_error(exc, f"publishing to exchange {exchange!r}")
             if mapped is None:
                 raise

@@ -72,14 +72,26 @@ class IdSource:
     """How a message without an explicit message_id gets one.
 
     ``field``: a dotted path (``order.id``) to take it from: in an NDJSON record (the line's
-    object, e.g. ``body.order_id``), or in a plain line parsed as JSON. ``random``: a fresh uuid4
-    each run (a rerun's duplicates cannot be recognised). Otherwise ``derived_message_id``.
+    object, e.g. ``body.order_id``; ``in_record``), or in a plain line parsed as JSON.
+    ``random``: a fresh uuid4 each run (a rerun's duplicates cannot be recognised). Otherwise
+    ``derived_message_id``.
     """
 
     exchange: str = ""
     routing_key: str = ""
     field: str | None = None
     random: bool = False
+    in_record: bool = False  # ``field`` is a path in the NDJSON record, not in the body
+
+    @property
+    def body_field(self) -> str | None:
+        """The path in the message body the id is taken from (None: not from the body, e.g.
+        an NDJSON record's own field)."""
+        if self.field is None:
+            return None
+        if not self.in_record:
+            return self.field
+        return self.field.removeprefix("body.") if self.field.startswith("body.") else None
 
     @property
     def derives(self) -> bool:

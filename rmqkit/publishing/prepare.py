@@ -14,7 +14,7 @@ from rmqkit.broker.codec import Properties
 from rmqkit.durations import parse_delay_ms
 from rmqkit.errors import DataError, UsageError
 from rmqkit.outbox.edge import Edge, Encryptor, Routed
-from rmqkit.publishing.edge import at_edge
+from rmqkit.publishing.edge import SensitiveIdError, at_edge
 
 Delay = timedelta | str | int | float | None  # int/float: seconds; str: "90s", "5m"
 JSON = "application/json"
@@ -100,8 +100,9 @@ def prepare(
     (78) for sensitive fields without a key ring."""
     key = message.routing_key if message.routing_key is not None else routing_key
     message_id = message.message_id if message.message_id is not None else uuid.uuid4().hex
-    if not isinstance(message_id, str) or not message_id or len(message_id.encode()) > 255:
-        raise DataError(f"message {number}: message_id must be a non-empty str of <= 255 bytes")
+    if not isinstance(message_id, str):
+        raise DataError(f"message {number}: {ID_RULE}")
+    check_message_id(message_id, f"message {number}")
     body, implied, model = body_bytes(message.body)
     try:
         body, routed = at_edge(
@@ -114,7 +115,10 @@ def prepare(
             delay_ms=delay_ms_of(message.delay),
             expiration=message.expiration,
             model=model,
+            message_id=message_id,
         )
+    except SensitiveIdError as exc:  # the id is the sensitive value: never shown
+        raise SensitiveIdError(f"message {number}: {exc}") from None
     except DataError as exc:
         raise DataError(f"message {number} (message_id {message_id}): {exc}") from None
     properties = Properties(
@@ -128,18 +132,30 @@ def prepare(
         priority=message.priority,
     )
     if routed.headers:
-        _check_encodes(properties, number, message_id)
+        check_encodes(properties, f"message {number} (message_id {message_id})")
     return Prepared(message_id, exchange, key, routed, body, properties)
 
 
-def _check_encodes(properties: Properties, number: int, message_id: str) -> None:
-    """DataError unless the properties encode: a header value AMQP has no type for (a set, an
-    object) would otherwise fail in the middle of a batch, after earlier messages went out."""
+ID_RULE = "message_id must be a non-empty str of <= 255 bytes"
+
+
+def check_message_id(message_id: str, label: str) -> None:
+    """DataError (65) for an id AMQP cannot carry (empty, or over a short string's 255 bytes):
+    it would otherwise fail in the middle of a batch, after earlier messages went out. The id
+    itself is not quoted (it may be anything)."""
+    if not message_id or len(message_id.encode()) > 255:
+        raise DataError(f"{label}: {ID_RULE} (nothing was published)")
+
+
+def check_encodes(properties: Properties, label: str) -> None:
+    """DataError (65) unless the properties encode: a header value AMQP has no type for (a
+    set, an object, an integer wider than 64 bits) would otherwise fail in the middle of a
+    batch, after earlier messages went out. ``label`` names the message."""
     try:
         properties.marshal()  # what the content header frame will hold
     except Exception as exc:  # pamqp raises TypeError, ValueError, struct.error, ...
         raise DataError(
-            f"message {number} (message_id {message_id}): a header AMQP cannot carry "
+            f"{label}: a header AMQP cannot carry "
             f"({type(exc).__name__}: {exc}) — use str, bytes, int, float, bool, None, "
             "datetime, Decimal, or lists/dicts of them; nothing was published"
         ) from None

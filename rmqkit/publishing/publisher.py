@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import re
 from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -32,6 +31,7 @@ from rmqkit.broker.session import DEFAULT_WINDOW, Channel, Session, open_session
 from rmqkit.crypto import KeyRing, load_keyring
 from rmqkit.errors import DataError, PublisherClosed, RmqkitError
 from rmqkit.outbox.edge import Edge, Encryptor
+from rmqkit.publishing.engine import size_limit
 from rmqkit.publishing.prepare import Delay, Prepared, PublishMessage, prepare
 from rmqkit.publishing.results import PublishResult, failure
 from rmqkit.settings import Settings, load_settings
@@ -335,11 +335,14 @@ class Publisher:
         return True
 
     async def _declare_edge(self, session: Session, ready: Sequence[Prepared]) -> None:
-        """The exchanges exist (DataError 65 otherwise, nothing sent); the delay ladder and
-        the exits of delayed messages are declared."""
-        if {p.routed.exchange for p in ready} - self._checked:
+        """The exchanges asked for exist (DataError 65 otherwise, nothing sent); the delay
+        ladder and the exits of delayed messages are declared. The asked exchange is probed,
+        as `rmqkit publish` probes it, not where a message is routed: a delayed message's
+        ladder entry exists only once ``Edge.declare`` made it, a lane's is the default."""
+        asked = {p.exchange for p in ready}
+        if asked - self._checked:
             async with self._checking:  # one probe at a time, not one channel per caller
-                for exchange in sorted({p.routed.exchange for p in ready} - self._checked):
+                for exchange in sorted(asked - self._checked):
                     await session.require_exchange(exchange)
                     self._checked.add(exchange)
         if any(p.routed.target is not None for p in ready):
@@ -410,14 +413,10 @@ class Publisher:
                 await asyncio.wait_for(session.close(), timeout=5)
 
 
-# RabbitMQ's channel close for a message over max_message_size (PRECONDITION_FAILED).
-_TOO_LARGE = re.compile(r"message size \d+ is larger than configured max size (\d+)")
-
-
 def _size_limit(lost: BaseException | None) -> int | None:
-    """The broker's max_message_size if ``lost`` is its refusal of a message over it."""
-    found = _TOO_LARGE.search(str(lost)) if lost is not None else None
-    return int(found.group(1)) if found else None
+    """The broker's max_message_size if ``lost`` is its refusal of a message over it (the
+    same reading as `rmqkit publish`'s engine)."""
+    return size_limit(str(lost)) if lost is not None else None
 
 
 def _backoff(attempt: int) -> float:
