@@ -1,7 +1,10 @@
 """`rmqkit publish`'s library: message ids (``rmqkit.publishing.ids``), its inputs
-(``rmqkit.publishing.inputs``) and its engine (``rmqkit.publishing.engine``), under the names
-they always had here. Applications publish with ``rmqkit.Publisher`` (docs/api.md)."""
+(``rmqkit.publishing.inputs``), its engine (``rmqkit.publishing.engine``) and the one call the
+command makes (``rmqkit.publishing.stream.publish_input``: the topology edge, then the engine),
+under the names they always had here. Applications publish with ``rmqkit.Publisher``
+(docs/api.md)."""
 
+from rmqkit.publishing.edge import SensitiveIdError
 from rmqkit.publishing.engine import (
     DEFAULT_WINDOW,
     Notice,
@@ -17,6 +20,7 @@ from rmqkit.publishing.inputs import (
     messages_from_lines,
     messages_from_ndjson,
 )
+from rmqkit.publishing.stream import PublishEdge, publish_input
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -25,12 +29,15 @@ __all__ = [
     "Notice",
     "OutgoingMessage",
     "Progress",
+    "PublishEdge",
     "PublishReport",
+    "SensitiveIdError",
     "derived_message_id",
     "messages_from_bodies",
     "messages_from_lines",
     "messages_from_ndjson",
     "new_message_id",
+    "publish_input",
     "publish_messages",
     "rerun_advice",
 ]

@@ -1,8 +1,9 @@
 """Publishing: ``rmqkit.Publisher`` (async), ``rmqkit.SyncPublisher`` (its own loop in a
 thread, for WSGI), ``PublishMessage`` (one message of ``publish_many``), ``PublishResult`` (how
 the broker settled one message); and `rmqkit publish`'s parts: ``ids`` (stable message_ids),
-``inputs`` (lines, --body, NDJSON), ``engine`` (the streaming confirmed publish), ``edge``
-(encrypt, then lane and delay — shared by both). See docs/api.md.
+``inputs`` (lines, --body, NDJSON), ``engine`` (the streaming confirmed publish), ``stream``
+(``publish_input``: the command's one call — its topology edge, then the engine), ``edge``
+(encrypt, then lane and delay, and the sensitive-id refusal — shared by both). See docs/api.md.
 
 The names load on first use, as ``rmqkit``'s do: `rmqkit publish` without a topology imports
 neither the crypto library nor the topology model.

@@ -115,7 +115,7 @@ def prepare(
             delay_ms=delay_ms_of(message.delay),
             expiration=message.expiration,
             model=model,
-            message_id=message_id,
+            message_id=message.message_id,  # one it made up (None) cannot be a field's value
         )
     except SensitiveIdError as exc:  # the id is the sensitive value: never shown
         raise SensitiveIdError(f"message {number}: {exc}") from None
