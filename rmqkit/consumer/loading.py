@@ -128,7 +128,10 @@ def load_handler(
     naming it.
     """
     text = spec.strip()
-    module_name, colon, attr_path = text.partition(":")
+    # ``module[header:NAME]``: the route-by holds a colon of its own, so look at the brackets
+    # before splitting ``module:function``.
+    bracketed = text.endswith("]") and ":" not in text.partition("[")[0]
+    module_name, colon, attr_path = (text, "", "") if bracketed else text.partition(":")
     routed = not colon
     if routed:
         module_name, route_by = _routed_spec(spec, module_name, route_by)

@@ -95,7 +95,6 @@ def test_a_routed_module_hands_each_type_to_its_handler_and_parks_the_rest(
         assert headers["rmqkit-attempt"] == 1
     assert "'order.refunded'" in parked[ids["unknown"]]["headers"]["rmqkit-error-message"]
     assert "has no type" in parked[ids["none"]]["headers"]["rmqkit-error-message"]
-    assert "routed by header:type" in consumer.output()  # the start log shows the table
 
 
 ADVERSARIAL_TYPES = [
