@@ -26,6 +26,7 @@ import functools
 import inspect
 import logging
 import threading
+import types
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,20 +129,44 @@ def _is_async(hook: object) -> bool:
 
 def hooks_for(explicit: Hooks | None, handler: LoadedHandler) -> Hooks | None:
     """The hooks in effect: ``explicit`` if given, else the handler module's ``rmqkit_hooks``
-    (None: no hook). Raises ConfigError (78) for an ``rmqkit_hooks`` that is not
-    ``rmqkit.Hooks``, UsageError for an ``explicit`` that is not."""
-    hooks = explicit
-    if hooks is None:
-        module = inspect.getmodule(handler.target)
-        hooks = getattr(module, MODULE_HOOKS, None) if module is not None else None
-        if hooks is not None and not isinstance(hooks, Hooks):
+    (a routed handler: its routes' modules'; None: no hook). Raises ConfigError (78) for an
+    ``rmqkit_hooks`` that is not ``rmqkit.Hooks`` or routes in several modules that each
+    define one, UsageError for an ``explicit`` that is not ``rmqkit.Hooks``."""
+    if explicit is not None:
+        if not isinstance(explicit, Hooks):
+            raise UsageError(f"hooks must be rmqkit.Hooks(...), not {type(explicit).__name__}")
+        return None if explicit.empty else explicit
+    found: dict[int, tuple[str, Hooks]] = {}
+    for module in _modules_of(handler):
+        hooks = getattr(module, MODULE_HOOKS, None)
+        if hooks is None:
+            continue
+        if not isinstance(hooks, Hooks):
             raise ConfigError(
-                f"{module.__name__ if module else '?'}.{MODULE_HOOKS} must be rmqkit.Hooks(...), "
-                f"not {type(hooks).__name__} — define rmqkit_hooks = rmqkit.Hooks(on_park=...)"
+                f"{module.__name__}.{MODULE_HOOKS} must be rmqkit.Hooks(...), not "
+                f"{type(hooks).__name__} — define rmqkit_hooks = rmqkit.Hooks(on_park=...)"
             )
-    elif not isinstance(hooks, Hooks):
-        raise UsageError(f"hooks must be rmqkit.Hooks(...), not {type(hooks).__name__}")
+        found.setdefault(id(hooks), (module.__name__, hooks))
+    if len(found) > 1:
+        names = ", ".join(sorted(f"{name}.{MODULE_HOOKS}" for name, _ in found.values()))
+        raise ConfigError(
+            f"the handler's routes come from modules that each define hooks ({names}) — "
+            "define rmqkit_hooks in one of them (or import it into the others)"
+        )
+    hooks = next(iter(found.values()))[1] if found else None
     return None if hooks is None or hooks.empty else hooks
+
+
+def _modules_of(handler: LoadedHandler) -> list[types.ModuleType]:
+    """The modules the handler's function is defined in: one, or each route's."""
+    routes = getattr(handler, "routes", None)
+    targets = [handler.target] if routes is None else [r.target for r in routes.handlers.values()]
+    modules: list[types.ModuleType] = []
+    for target in targets:
+        module = inspect.getmodule(target)
+        if module is not None and module not in modules:
+            modules.append(module)
+    return modules
 
 
 # --- calling the hooks ----------------------------------------------------------------------
@@ -281,8 +306,14 @@ class HookRunner:
         # A task, not wait_for: a hook that swallows its cancellation must not hold this loop
         # past the timeout either (it is left to end by itself; cancelled again at close).
         task = asyncio.ensure_future(hook(event))
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        except asyncio.CancelledError:  # the consumer stops: the call in hand goes too
+            task.cancel()
+            raise
         if done:
+            if task.cancelled():  # the hook cancelled itself: not this caller's cancellation
+                raise HookFailed("the hook's task was cancelled")
             task.result()  # its exception, if any, is the caller's to log
             return True
         task.cancel()
@@ -307,8 +338,10 @@ class HookRunner:
                 self._hung_threads -= 1
             if result.done():
                 return
-            if error is not None:
+            if isinstance(error, Exception):
                 result.set_exception(error)
+            elif error is not None:  # SystemExit from a hook thread must not end the consumer
+                result.set_exception(HookFailed(f"{type(error).__name__}: {error}"))
             else:
                 result.set_result(value)
 
@@ -335,7 +368,11 @@ class HookRunner:
         return True
 
 
-class HookSkipped(Exception):
+class HookFailed(Exception):
+    """A hook ended by something other than an exception (cancelled itself, ``sys.exit()``)."""
+
+
+class HookSkipped(HookFailed):
     """A ``def`` hook not called: too many of its earlier calls still hang in their threads."""
 
 

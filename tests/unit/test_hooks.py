@@ -120,6 +120,30 @@ def test_hooks_for_prefers_the_explicit_then_the_handler_module(
         hooks_for(None, loaded)
 
 
+async def elsewhere_handler(body: bytes) -> None:
+    return None
+
+
+def test_a_routed_handler_s_hooks_come_from_its_routes_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    one, two = types.SimpleNamespace(target=module_handler), types.SimpleNamespace(target=print)
+    routed = types.SimpleNamespace(
+        target=print, routes=types.SimpleNamespace(handlers={"a": one, "b": two})
+    )
+    assert hooks_for(None, routed) is None  # type: ignore[arg-type]
+    mine = Hooks(on_park=on_park_here)
+    monkeypatch.setattr(sys.modules[__name__], "rmqkit_hooks", mine, raising=False)
+    assert hooks_for(None, routed) is mine  # type: ignore[arg-type]
+    other = types.ModuleType("other_routes")
+    other.rmqkit_hooks = Hooks(on_retry=on_park_here)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "other_routes", other)
+    monkeypatch.setattr(elsewhere_handler, "__module__", "other_routes")
+    routed.routes.handlers["c"] = types.SimpleNamespace(target=elsewhere_handler)
+    with pytest.raises(ConfigError, match="each define hooks"):
+        hooks_for(None, routed)  # type: ignore[arg-type]
+
+
 # --- the events ----------------------------------------------------------------------------------
 
 
@@ -246,6 +270,31 @@ def test_a_raising_hook_is_logged_by_name_and_the_next_event_goes_on(
     assert record.exc_info is not None
     assert getattr(record, "message_id", None) == "a"
     assert runner.failed == 1
+
+
+def test_a_hook_that_exits_or_cancels_itself_does_not_end_the_caller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[str | None] = []
+
+    def exits(e: OutcomeEvent) -> None:
+        if e.message_id == "a":
+            sys.exit(3)
+        seen.append(e.message_id)
+
+    async def cancels(e: OutcomeEvent) -> None:
+        if e.message_id == "a":
+            raise asyncio.CancelledError
+        seen.append(e.message_id)
+
+    for hook in (exits, cancels):
+        runner = HookRunner(Hooks(on_park=hook))
+        with caplog.at_level(logging.ERROR, logger="rmqkit.consumer.hooks"):
+            asyncio.run(_run_events(runner, [event_id("a"), event_id("b")]))
+        assert runner.failed == 1
+    assert seen == ["b", "b"]
+    assert any("HookFailed: SystemExit: 3" in r.getMessage() for r in caplog.records)
+    assert any("task was cancelled" in r.getMessage() for r in caplog.records)
 
 
 def event_id(message_id: str) -> OutcomeEvent:
