@@ -383,3 +383,14 @@ def test_rmqkit_testing_run_handler_takes_a_routed_module(tmp_path: Path) -> Non
         assert retry.action == "retry"
     finally:
         del os.environ["RMQKIT_TEST_LEDGER"]
+
+
+def test_the_embedded_consumer_takes_a_routed_module_object_or_spec() -> None:
+    settings = rmqkit.load_settings(
+        url="amqp://guest:guest@127.0.0.1:5999/", management_url="http://127.0.0.1:15999"
+    )
+    for handler in (routing_handlers, "tests.routing_handlers", "tests.routing_handlers[header:x]"):
+        consumer = rmqkit.Consumer(handler, queue="q", settings=settings)  # type: ignore[arg-type]
+        assert consumer is not None
+    with pytest.raises(ConfigError, match="has no handler decorated"):
+        rmqkit.Consumer(types.ModuleType("empty"), queue="q", settings=settings)  # type: ignore[arg-type]
