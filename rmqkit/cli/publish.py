@@ -96,8 +96,9 @@ def publish(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Publish persistent messages with publisher confirms and `mandatory`, each with a stable
-    message_id. Exit 65 if some were unroutable; exit 69 if the broker refused some because a
-    bounded queue is full ("busy" — retry later, or use --retry-busy).
+    message_id. Exit 65 if some were unroutable, or larger than the broker's max_message_size
+    (refused for good; every other message is still sent); exit 69 if the broker refused some
+    because a bounded queue is full ("busy" — retry later, or use --retry-busy).
 
     When a memory or disk alarm makes the broker block publishing, the publish waits (nothing is
     lost) and says so on stderr at once, with the broker's reason, and every --blocked-every;
@@ -112,7 +113,8 @@ def publish(
     delayed, to the delay ladder's entry, which is declared first; every message is prepared
     (encrypted, routed) before the first is published, so a delay beyond the ladder's maximum, a
     body that is not JSON where fields must be encrypted (65) or a missing key ring (78) publish
-    nothing."""
+    nothing. So does a message_id that is the value of a field the topology encrypts (65), and,
+    with --body, --ndjson or --id-from, an id or header AMQP cannot carry (65)."""
     settings = settings_from(ctx)
     delay_ms = _delay_option(delay)
     timeout_s = seconds_option(timeout, "--timeout")
