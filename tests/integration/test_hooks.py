@@ -12,6 +12,7 @@ hook event (its fields, its repr, what the hook writes) holds that plaintext.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -194,6 +195,35 @@ def test_a_raising_or_hung_hook_changes_nothing_the_broker_holds(
     consuming = [m for m in lines if m.startswith("consuming jobs.work")]
     assert consuming and ("hooks: none" in consuming[0]) == (fault == "none")
     print(f"\n{fault}: settled in {taken}")
+
+
+def test_a_hook_still_running_holds_no_ack(jobs_vhost: str) -> None:
+    """Adversarial: every hook call hangs (well within its 30 s timeout) when the consumer is
+    cancelled outright, which hands back everything it has not acked. Nothing comes back: each
+    message was acked (or its copy confirmed and then acked) while its hook still ran."""
+    started: list[str | None] = []
+
+    async def hang(event: OutcomeEvent) -> None:
+        started.append(event.message_id)
+        await asyncio.sleep(60)
+
+    async def main() -> None:
+        hooks = Hooks(on_success=hang, on_park=hang, on_retry=hang, timeout_s=30)
+        running = consumer(jobs_vhost, hooks)
+        await running.start()
+        task = asyncio.create_task(running.run())
+        messages = [(f"h-ok-{n}", body(f"h-ok-{n}", "ok")) for n in range(5)]
+        messages.append(("h-pm", body("h-pm", "permanent")))
+        await publish(jobs_vhost, messages)
+        assert await until(lambda: running.processed == 6)
+        assert len(started) == 1  # the first hook call hangs; the others wait behind it
+        await asyncio.sleep(0.5)  # the batched ack goes out within milliseconds
+        task.cancel()  # stop at once: whatever is unacked goes back to the work queue
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert await settled_to(jobs_vhost, {PARKING: 1}, timeout_s=5)
+
+    asyncio.run(main())
 
 
 def test_rmqkit_consume_picks_up_the_handler_module_s_hooks(
