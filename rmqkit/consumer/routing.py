@@ -168,7 +168,7 @@ def router_of_module(module: types.ModuleType, route_by: str = DEFAULT_ROUTE_BY)
     if not router.routes:
         raise ConfigError(
             f"module '{name}' has no handler decorated @rmqkit.handler(\"TYPE\"): decorate its "
-            f"handlers, or name one handler as '{name}:function'"
+            f"handlers, or name one handler as 'module:function' (e.g. '{name}:handle')"
         )
     return router
 

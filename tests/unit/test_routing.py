@@ -256,7 +256,7 @@ def test_a_module_without_decorated_handlers_names_the_fix(
         load_handler(name, cwd=tmp_path)
     assert str(caught.value) == (
         f"module '{name}' has no handler decorated @rmqkit.handler(\"TYPE\"): decorate its "
-        f"handlers, or name one handler as '{name}:function'"
+        f"handlers, or name one handler as 'module:function' (e.g. '{name}:handle')"
     )
 
 
