@@ -290,7 +290,7 @@ def test_unroutable_is_65_and_the_routed_one_is_delivered(
     assert held(vhost) == {"jobs.work": [(b"routed", "u-1", {})]}
 
 
-@pytest.mark.slow
+@pytest.mark.semantics("4.0", "4.3")  # the limit: 128 MiB on 3.x, 16 MiB on 4.x
 def test_a_message_over_max_message_size_is_refused_and_the_rest_delivered(
     via: Via, setup: tuple[str, Path]
 ) -> None:
