@@ -37,8 +37,10 @@ from rmqkit.errors import (
 if TYPE_CHECKING:
     from rmqkit import outbox
     from rmqkit.consumer.embedded import Consumer
+    from rmqkit.consumer.hook_events import OutcomeEvent
+    from rmqkit.consumer.hooks import Hooks
     from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
-    from rmqkit.consumer.routing import handler
+    from rmqkit.consumer.routing import Router, handler
     from rmqkit.crypto.model import Sensitive
     from rmqkit.idempotency.record import Transaction
     from rmqkit.publishing import Publisher, PublishMessage, PublishResult, SyncPublisher
@@ -55,6 +57,10 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Retry": ("rmqkit.consumer.message", "Retry"),
     # @rmqkit.handler("order.created"): one of a module's routed handlers (docs/api.md)
     "handler": ("rmqkit.consumer.routing", "handler"),
+    "Router": ("rmqkit.consumer.routing", "Router"),  # the same routes, built in code
+    # rmqkit.Hooks(on_park=...): called after each outcome is settled (docs/hooks.md)
+    "Hooks": ("rmqkit.consumer.hooks", "Hooks"),
+    "OutcomeEvent": ("rmqkit.consumer.hook_events", "OutcomeEvent"),
     # Annotated[str, rmqkit.Sensitive()] on a pydantic model field: encrypted (docs/encryption.md)
     "Sensitive": ("rmqkit.crypto.model", "Sensitive"),
     "Transaction": ("rmqkit.idempotency.record", "Transaction"),
@@ -93,8 +99,10 @@ __all__ = [
     "DatabaseUnavailable",
     "DecodeError",
     "ExitCode",
+    "Hooks",
     "Message",
     "MessageTooLarge",
+    "OutcomeEvent",
     "OutputError",
     "PartialSuccess",
     "Permanent",
@@ -107,6 +115,7 @@ __all__ = [
     "PublisherClosed",
     "Retry",
     "RmqkitError",
+    "Router",
     "Sensitive",
     "Settings",
     "SyncPublisher",

@@ -151,6 +151,9 @@ class ParkingReason(StrEnum):
     consumer without the key ring, a malformed envelope): parked at once, never retried and
     never handed to the handler; the error message names the field, key id and cause
     (docs/encryption.md). The parked copy keeps the ciphertext as received."""
+    UNROUTABLE_TYPE = "unroutable_type"
+    """A consumer of routed handlers (``rmqkit consume MODULE``, ``@rmqkit.handler``) has no
+    handler for the message's type, or the message carries none (``--route-by``)."""
     INTERNAL_ERROR = "internal_error"
     """rmqkit itself failed on this delivery (decoding its headers, counting its attempts,
     building or encoding its retry copy, ...): parked at once with the error type, message and

@@ -13,6 +13,7 @@ from rmqkit.cli.common import run_async, seconds_option, settings_from
 from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, refuse_without_keyring
 from rmqkit.consumer.dedupe import dedupe_config
 from rmqkit.consumer.handler import load_handler
+from rmqkit.consumer.hooks import Hooks, hooks_for
 from rmqkit.consumer.logs import JsonFormatter, TextFormatter
 from rmqkit.consumer.resolve import resolve_config
 from rmqkit.consumer.supervisor import run_supervised
@@ -157,9 +158,10 @@ def consume(
     while it runs stops only that queue's consumer until the queue is declared again (the log
     and /readyz name it). Workers stop (gracefully) when the supervisor dies, however killed."""
     settings = settings_from(ctx)
-    loaded = load_handler(
-        handler, route_by=route_by
-    )  # fail here, once, with one line (exit 78), not per worker
+    # A handler or its module's rmqkit_hooks that cannot load fails here, once, with one line
+    # (exit 78), not in every worker.
+    loaded = load_handler(handler, route_by=route_by)
+    hooks = hooks_for(None, loaded)
     flags = ConsumerFlags(
         prefetch=prefetch,
         concurrency=concurrency,
@@ -207,7 +209,8 @@ def consume(
     if spec is not None:  # an encrypting queue without a ring would park every message
         refuse_without_keyring(spec, queue, ring is not None)
     config = run_async(resolve_config(settings, loaded, queue, flags, spec, unlocated=unlocated))
-    typer.echo(_formatted(start_line(source, config, spec is None), flags.log_format), err=True)
+    line = start_line(source, config, spec is None, hooks)
+    typer.echo(_formatted(line, flags.log_format), err=True)
     raise typer.Exit(run_supervised(settings, config, processes))
 
 
@@ -219,8 +222,8 @@ def _formatted(line: str, log_format: str) -> str:
     return formatter.format(record)
 
 
-def start_line(source: str, config: ConsumerConfig, defaults: bool) -> str:
-    """Which topology file and settings are in effect, for the first line of the log."""
+def start_line(source: str, config: ConsumerConfig, defaults: bool, hooks: Hooks | None) -> str:
+    """Which topology file, settings and hooks are in effect, for the first line of the log."""
     parts = []
     for one in (config, *config.siblings):
         policy = one.policy
@@ -231,4 +234,5 @@ def start_line(source: str, config: ConsumerConfig, defaults: bool) -> str:
             f"permanent: {permanent}, prefetch {one.prefetch}"
         )
     note = " (no topology file: built-in defaults where the flags say nothing)" if defaults else ""
-    return f"topology: {source}{note}; " + "; ".join(parts)
+    shown = hooks.describe() if hooks is not None else "none"
+    return f"topology: {source}{note}; " + "; ".join(parts) + f"; hooks: {shown}"

@@ -41,6 +41,7 @@ from rmqkit.consumer.outcomes import (
     TooLarge,
     Undecodable,
     Undecryptable,
+    UnroutableType,
     qualified_type_name,
 )
 from rmqkit.delay import delivered_route
@@ -194,6 +195,9 @@ def decide(
         headers, policy, exchange, routing_key, now, host, pid, attempt, delivered
     )
 
+    if isinstance(outcome, UnroutableType):  # an Undecodable: tested first
+        error = _Error(outcome.exc_type, outcome.detail, "")
+        return context.park(h.ParkingReason.UNROUTABLE_TYPE, error)
     if isinstance(outcome, Undecodable):
         error = _Error(h.public_type_name(outcome.exc_type), outcome.detail, outcome.traceback)
         return context.park(h.ParkingReason.UNDECODABLE, error)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import types
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from rmqkit.consumer.lanes import run_consumers
 from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.resolve import resolve_config
+from rmqkit.consumer.routing import Router
 from rmqkit.consumer.runner import QueueConsumer
 from rmqkit.crypto import KeyRing, load_keyring
 from rmqkit.errors import BrokerUnavailable, UsageError
@@ -61,7 +63,7 @@ class Consumer:
 
     def __init__(
         self,
-        handler: Callable[..., Any] | str,
+        handler: Callable[..., Any] | str | types.ModuleType | Router,
         *,
         queue: str,
         topology: Topology | str | os.PathLike[str] | None = None,
