@@ -240,7 +240,9 @@ def _checked(messages: Iterable[OutgoingMessage]) -> Iterator[OutgoingMessage]:
 
     seen: list[Any] = []  # header objects checked already (by identity: shared by messages)
     for number, message in enumerate(messages, start=1):
-        check_message_id(message.message_id, _where(message, number))
+        given = message.message_id
+        if not given or len(given) > 63:  # 63 characters are at most 252 bytes: no need to encode
+            check_message_id(given, _where(message, number))
         headers = message.headers
         if headers and not any(headers is h for h in seen):
             check_encodes(Properties(headers=headers), named(message, number))
