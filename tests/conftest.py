@@ -1,19 +1,14 @@
 """Shared fixtures: each integration test module gets its own vhost, deleted afterwards.
 
-Also the lanes lock: .ci/run runs two pytest runs at once, each on its own broker, and sets
-RMQKIT_TEST_LANES to a directory both see. A test whose assertions measure time (retry delays,
-jitter windows, exits within a grace period) or that is not vetted for running beside another
-run takes the lock exclusively, so it runs while the other run is between tests, as in a run of
-its own; every other test takes it shared. Unset (a run of its own), nothing is locked.
+Markers (pyproject.toml) say where a test may run: ``timing`` and ``own_node`` tests run alone, in
+the serial tail of .ci/run; the rest run on xdist workers, beside another broker's run;
+``semantics(...)`` names the 4.x lines a test also runs on (``--semantics-of``, below).
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
 
 import pytest
 
@@ -22,112 +17,6 @@ from tests import broker
 from tests.consumer_harness import JOBS, ConsumerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Modules that may run while the other lane runs a test: checked to assert on what the broker
-# or a file holds, never on how long something took. Anything else (unit tests included, and
-# any module added later until it is checked and listed here) runs alone.
-MAY_OVERLAP = frozenset(
-    f"tests.integration.test_{name}"
-    for name in [
-        "alarms",  # on a node of its own (tests/integration/alarm_node.py), under its own lock
-        "backlog_adversarial",
-        "broker_versions",
-        "browse",
-        "cli_conventions",
-        "codec_roundtrip",
-        "confirms",
-        "conflicts_and_errors",
-        "consume_encrypted",
-        "dedupe_scopes",
-        "dedupe_scopes_adversarial",
-        "dependency_contract",
-        "doctor",
-        "doctor_dedupe",
-        "encryption_leaks",
-        "encryption_shapes_adversarial",
-        "export",
-        "file_safety",
-        "held_backlog",
-        "init",
-        "key_rotation",
-        "newest_death",
-        "no_plaintext",
-        "oncall",
-        "oncall_broker",  # generous waits (30-300 s), asserts on lines and exit codes
-        "oncall_hints",
-        "outbox",  # asserts on rows and queue contents; its one deadline is 60 s
-        "outbox_commit_order",
-        "parking",
-        "parking_encrypted",
-        "parking_operator",
-        "parking_transfer",
-        "plan_files",
-        "publish",
-        "publisher_adversarial",
-        "publisher_api",
-        "quickstart",
-        "replay_returns",
-        "replay_routing",
-        "runbooks",  # documented commands' output; waits of 20-120 s
-        "sensitive_model",
-        "session",
-        "status",
-        "status_flow",
-        "testing_docs",
-        "topology_flow",
-        "topology_resolution",
-        "topology_resolution_adversarial",
-        "zero_delay",
-    ]
-)
-
-
-_HELD: list[tuple[TextIO, bool]] = []  # this run's hold of the lanes lock: (file, exclusive)
-
-
-def _may_overlap(item: pytest.Item) -> bool:
-    return getattr(getattr(item, "module", None), "__name__", "") in MAY_OVERLAP
-
-
-def _take_lanes_lock(where: Path, exclusive: bool) -> None:
-    """Shared or exclusive hold of the lanes lock. A turnstile (taken and let go before the
-    lock itself) keeps shared holders from starving an exclusive one: once it waits, the
-    other lane's next test waits behind it."""
-    lanes = (where / "lanes.lock").open("a")
-    with (where / "turnstile.lock").open("a") as gate:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(lanes, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-    _HELD.append((lanes, exclusive))
-
-
-def _let_go_of_lanes_lock() -> None:
-    while _HELD:
-        lanes, _ = _HELD.pop()
-        fcntl.flock(lanes, fcntl.LOCK_UN)
-        lanes.close()
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
-    """Each test's setup, call and teardown (module fixtures included) under the lanes lock
-    (RMQKIT_TEST_LANES): shared for a test that may overlap, let go after it; exclusive for any
-    other, kept while the next test needs it too (a run of unit tests waits for the other
-    lane once, not once per test). Outermost (tryfirst): waiting is not counted by
-    pytest-timeout."""
-    where = os.environ.get("RMQKIT_TEST_LANES")
-    if not where:
-        return (yield)
-    exclusive = not _may_overlap(item)
-    if _HELD and _HELD[0][1] != exclusive:
-        _let_go_of_lanes_lock()
-    if not _HELD:
-        _take_lanes_lock(Path(where), exclusive)
-    try:
-        return (yield)
-    finally:
-        if not (exclusive and nextitem is not None and not _may_overlap(nextitem)):
-            _let_go_of_lanes_lock()
-
 
 # The 4.x lines CI runs besides the default node's 3.10: `pytest.mark.semantics("4.0", "4.3")` on a
 # module names those it also runs on, and `--semantics-of 4.3` selects them (.ci/run).

@@ -34,8 +34,6 @@ def _settled(vhost: str) -> bool:
 
 
 @pytest.mark.timing
-
-
 def test_kill_9_of_a_worker_mid_batch_loses_nothing(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:

@@ -30,6 +30,9 @@ from rmqkit.settings import load_settings
 from tests.faults.cluster import ClusterUnavailable, poll
 from tests.integration.alarm_node import AlarmNode
 
+# Each test starts an alarm node of its own (the host's package): not beside other tests.
+pytestmark = pytest.mark.own_node
+
 ROOT = Path(__file__).resolve().parents[2]
 CONSUME = [
     sys.executable,

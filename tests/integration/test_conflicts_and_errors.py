@@ -131,8 +131,6 @@ def test_bad_topology_files_exit_65_naming_file_and_key(
 
 
 @pytest.mark.timing
-
-
 def test_broker_down_exits_69_fast_with_the_password_masked() -> None:
     started = time.monotonic()
     result = broker.cli(

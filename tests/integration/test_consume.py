@@ -28,6 +28,7 @@ def _all_queues_empty_but_parking(vhost: str) -> bool:
     return all(v == 0 for v in counts.values())
 
 
+@pytest.mark.timing  # the retry delays between the attempts the ledger records
 def test_mixed_outcomes_each_effect_once_and_poison_parked(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
@@ -119,8 +120,6 @@ def test_a_message_failing_every_time_is_parked_exhausted(
 
 
 @pytest.mark.timing
-
-
 def test_sigterm_under_load_exits_0_in_grace_and_leaves_nothing_unacked(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
@@ -148,8 +147,6 @@ def test_sigterm_under_load_exits_0_in_grace_and_leaves_nothing_unacked(
 
 
 @pytest.mark.timing
-
-
 def test_a_second_signal_stops_at_once_and_loses_nothing(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
@@ -181,7 +178,9 @@ def test_handler_that_cannot_be_imported_exits_78(jobs_vhost: str) -> None:
     for spec, needle in (
         ("nosuch.module:handle", "nosuch"),
         ("tests.handlers:missing_function", "missing_function"),
-        ("tests.handlers", "module:function"),
+        # a module with no @rmqkit.handler routes: says how to name one handler
+        ("tests.handlers", "'tests.handlers:function'"),
+        ("tests/handlers.py", "expected 'module:function'"),
     ):
         result = broker.cli("consume", spec, "--queue", WORK, "--topology", JOBS, vhost=jobs_vhost)
         assert result.returncode == 78, (spec, result.stderr)
@@ -203,8 +202,6 @@ def test_without_topology_the_queue_settings_come_from_the_broker(
 
 
 @pytest.mark.timing
-
-
 def test_jitter_spreads_a_burst_of_retries_over_the_tier_window(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:
@@ -393,6 +390,7 @@ jitter_slots = 5
 """
 
 
+@pytest.mark.timing  # how the ledger's attempt times spread
 def test_full_jitter_spreads_retries_over_zero_to_the_delay(
     fresh_vhost: Callable[[], str], tmp_path: Path
 ) -> None:

@@ -93,8 +93,6 @@ def _url(vhost: str) -> str:
 
 
 @pytest.mark.timing
-
-
 def test_a_full_parking_queue_does_not_make_an_endless_retry_loop(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:

@@ -101,8 +101,6 @@ def test_hanging_sync_handlers_do_not_spend_healthy_messages_attempts(
 
 
 @pytest.mark.timing
-
-
 def test_sigterm_with_a_stuck_sync_handler_exits_within_the_grace(
     jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
 ) -> None:

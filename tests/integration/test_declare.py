@@ -85,8 +85,6 @@ def test_declare_creates_every_object_with_its_settings(declared: str) -> None:
 
 
 @pytest.mark.timing
-
-
 def test_messages_flow_through_the_wiring(declared: str) -> None:
     vhost = declared
     all_queues = broker.queue_names(vhost)

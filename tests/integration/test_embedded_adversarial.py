@@ -185,8 +185,6 @@ def test_cancelled_task_and_closed_loop_mid_message_redeliver_it(
 
 
 @pytest.mark.timing
-
-
 def test_grace_running_out_hands_the_rest_back_and_cancels_async_handlers(
     vhost: str, settings: Settings, tmp_path: Path
 ) -> None:

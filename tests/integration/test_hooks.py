@@ -260,7 +260,8 @@ def test_rmqkit_consume_picks_up_the_handler_module_s_hooks(
     assert "on_park=tests.hook_handlers.record (timeout 2s)" in running.output()
     # and the supervisor's first line, before any worker starts
     first = running.output().splitlines()[0]
-    assert "rmqkit.consume: topology: " in first and "; hooks: on_success=tests.hook_handlers" in first
+    assert "rmqkit.consume: topology: " in first
+    assert "; hooks: on_success=tests.hook_handlers" in first
 
 
 def sealed(ring: KeyRing, i: str, kind: str) -> bytes:

@@ -239,8 +239,6 @@ def proxy() -> Iterator[SilentProxy]:
 
 
 @pytest.mark.timing
-
-
 def test_sigterm_while_the_broker_connection_is_silent(
     vhost: str, tmp_path: Path, proxy: SilentProxy
 ) -> None:

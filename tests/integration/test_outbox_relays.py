@@ -151,8 +151,6 @@ def test_sigterm_finishes_the_batch_in_flight(vhost: str, pg: str, tmp_path: Pat
 
 
 @pytest.mark.timing
-
-
 def test_metrics_and_notify_latency(vhost: str, pg: str) -> None:
     """A relay idle on LISTEN picks a commit up well before its 10 s poll; /metrics counts it."""
     import httpx

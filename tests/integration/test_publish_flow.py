@@ -182,6 +182,7 @@ def test_delay_to_a_missing_queue_is_65_and_publishes_nothing(setup: tuple[str, 
     assert in_ladder(vhost) == 0
 
 
+@pytest.mark.timing  # checks the delayed ones are still waiting, within their delay
 def test_topology_default_delay_and_an_explicit_zero(setup: tuple[str, Path]) -> None:
     vhost, path = setup
     result = publish(vhost, "d1\nd2\n", "later", "l", "--topology", str(path))

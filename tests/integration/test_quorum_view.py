@@ -22,7 +22,8 @@ import pytest
 from tests import broker
 from tests.faults.cluster import Cluster, ClusterUnavailable, poll
 
-pytestmark = pytest.mark.broker
+# Its own 3-node cluster (the host's package): not beside other tests.
+pytestmark = [pytest.mark.broker, pytest.mark.own_node]
 
 
 def _declare(vhost: str) -> None:

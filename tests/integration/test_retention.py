@@ -65,8 +65,6 @@ def test_plan_states_the_retention(declared: tuple[str, Path]) -> None:
 
 
 @pytest.mark.timing
-
-
 def test_expired_messages_are_all_parked_with_reason_expired(declared: tuple[str, Path]) -> None:
     vhost, _ = declared
     count = 200

@@ -320,6 +320,7 @@ def _mem_alarm() -> bool:
     return any(node.get("mem_alarm") for node in nodes)
 
 
+@pytest.mark.own_node  # the alarm blocks every publisher of the node
 def test_memory_alarm(declared: str, runbook: Callable[[str], Runbook]) -> None:
     """A real memory alarm (watermark lowered to 1 MB), restored in a finally. Only on a node
     named by RMQKIT_TEST_RABBITMQCTL (scripts/broker-up --version 4.0|4.3 --env): an alarm blocks

@@ -165,8 +165,6 @@ def test_status_of_a_topology_not_declared_marks_its_queues(fresh_vhost: Any) ->
 
 
 @pytest.mark.timing
-
-
 def test_status_watch_redraws_until_ctrl_c(populated: str) -> None:
     env = broker.cli_env(populated)
     process = subprocess.Popen(

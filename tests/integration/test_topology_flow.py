@@ -222,8 +222,6 @@ def test_rejected_from_a_lane_or_partition_parks_in_the_parents_parking(declared
 
 
 @pytest.mark.timing
-
-
 def test_a_delayed_message_leaves_the_ladder_by_the_exit_declare_made(declared: str) -> None:
     vhost = declared
     plan = Ladder().plan(300, "", "ledger.work", {"k": "v"})

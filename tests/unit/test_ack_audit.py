@@ -100,6 +100,11 @@ AUDITED: dict[tuple[str, str], str] = {
         "hands the claim (new id or duplicate) to the delivery; its verdict waits for the "
         "batch's COMMIT (Batch.committed) — test_idempotency_lanes.py"
     ),
+    # --- outcome hooks: called after the delivery was settled, never settle one --------------
+    ("consumer/hooks.py", "result.set_result(value)"): (
+        "a def hook's return value, handed from its thread to the hook runner; the delivery it"
+        " reports on was settled before the hook was called — test_hooks.py"
+    ),
     # --- publisher confirms: these settle publishes, not deliveries ----------------------------
     ("broker/confirms.py", "outcome.set_result(Outcome.NACKED)"): "a publish's outcome",
     ("broker/confirms.py", "outcome.set_result(Outcome.CONFIRMED)"): "a publish's outcome",

@@ -83,8 +83,6 @@ def test_dialect_sql() -> None:
 
 
 @pytest.mark.timing
-
-
 def test_sqlite_transaction_commits_and_rolls_back_on_the_file(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path}/app.db")  # three slashes + absolute tmp path = four
     with store.transaction() as conn:
