@@ -179,7 +179,7 @@ def test_handler_that_cannot_be_imported_exits_78(jobs_vhost: str) -> None:
         ("nosuch.module:handle", "nosuch"),
         ("tests.handlers:missing_function", "missing_function"),
         # a module with no @rmqkit.handler routes: says how to name one handler
-        ("tests.handlers", "'tests.handlers:function'"),
+        ("tests.handlers", "@rmqkit.handler"),
         ("tests/handlers.py", "expected 'module:function'"),
     ):
         result = broker.cli("consume", spec, "--queue", WORK, "--topology", JOBS, vhost=jobs_vhost)
