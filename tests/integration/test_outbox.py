@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import httpx
 import psycopg
 import pytest
 
 import rmqkit.outbox
 from rmqkit.settings import with_vhost
 from tests import broker
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
 
@@ -110,6 +112,13 @@ def relay_process(dsn: str, vhost: str, *extra: str, env: dict[str, str] | None 
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _metrics_answer(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def status_json(dsn: str) -> tuple[int, dict[str, Any]]:
@@ -254,12 +263,24 @@ def test_two_sqlite_relays_take_turns_under_the_lease(vhost: str, tmp_path: Path
     declare(vhost, exchange, queue)
     rmqkit.outbox.init(dsn)
     conn = _connect(dsn)
-    ids = [
-        rmqkit.outbox.add(conn, exchange=exchange, routing_key="k", body=b"x") for _ in range(2000)
+    ports = [free_port(), free_port()]
+    relays = [
+        relay_process(dsn, vhost, "--batch", "50", "--poll", "100ms", "--metrics-port", str(p))
+        for p in ports
     ]
-    conn.commit()
-    relays = [relay_process(dsn, vhost, "--batch", "50", "--poll", "100ms") for _ in range(2)]
     try:
+        # Both relays running (their metrics answer once the SIGTERM handler is in place) before
+        # any row is committed: under load one could otherwise drain all 2000 while the other is
+        # still importing, and the SIGTERM below would find it without a handler.
+        deadline = time.monotonic() + 60
+        while not all(_metrics_answer(p) for p in ports):
+            assert time.monotonic() < deadline and all(r.poll() is None for r in relays)
+            time.sleep(0.2)
+        ids = [
+            rmqkit.outbox.add(conn, exchange=exchange, routing_key="k", body=b"x")
+            for _ in range(2000)
+        ]
+        conn.commit()
         deadline = time.monotonic() + 60
         while conn.execute(
             "SELECT count(*) FROM rmqkit_outbox WHERE published_at IS NULL"
