@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,8 +151,11 @@ def test_a_blocked_publish_says_why_at_once_and_gives_up_naming_what_was_confirm
     assert '"confirmed": 2' in again.stdout
     named = set(error.split("message_id ", 1)[1].split(")", 1)[0].split(", "))
     held = _drain(node, queue)
-    assert len(held) in (3, 5), held  # 5: the blocked copies arrived too
-    assert {body for _, body in held} == {b"before the alarm", b"one", b"two"}
+    # Each blocked copy the first run had written to its socket may arrive too, once, when the
+    # alarm clears (4 seen: "one" had been written, "two" not yet); none is lost or tripled.
+    counts = Counter(body for _, body in held)
+    assert counts[b"before the alarm"] == 1 and set(counts) == {b"before the alarm", b"one", b"two"}
+    assert counts[b"one"] in (1, 2) and counts[b"two"] in (1, 2), held
     assert {mid for mid, body in held if body != b"before the alarm"} == named
 
 

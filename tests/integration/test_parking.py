@@ -28,14 +28,15 @@ pytestmark = pytest.mark.semantics("4.3")
 ROOT = Path(__file__).resolve().parents[2]
 LANES = str(ROOT / "tests" / "topologies" / "parking_lanes.toml")
 PARKING = "lanes.parking"
-N = 10_000
 
 
 class Parked:
     """The module's parked population: id → what it is."""
 
-    def __init__(self, vhost: str) -> None:
+    def __init__(self, vhost: str, scale: int) -> None:
         self.vhost = vhost
+        self.scale = scale  # 1: 1,000 messages; 10: 10,000
+        self.n = 1000 * scale
         self.kind: dict[str, str] = {}
         self.lane: dict[str, str] = {}
         self.tenant: dict[str, str] = {}
@@ -49,13 +50,28 @@ class Parked:
         return out
 
 
-@pytest.fixture(scope="module")
-def parked(vhost: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Parked]:
+# 1,000 parked messages always; the same tests on 10,000 are `slow` (scripts/test -m slow).
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(1, id="1k"), pytest.param(10, id="10k", marks=pytest.mark.slow)],
+)
+def parked(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Parked]:
+    vhost = broker.create_vhost(f"parking-{request.param}")  # one per scale: nothing carried over
+    try:
+        yield from _parked(vhost, request.param, tmp_path_factory)
+    finally:
+        broker.delete_vhost(vhost)
+
+
+def _parked(vhost: str, s: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Parked]:
     assert broker.cli("declare", LANES, vhost=vhost).returncode == 0
-    population = Parked(vhost)
+    population = Parked(vhost, s)
+    N = population.n
     rng = random.Random(11)
-    kinds = ["permanent"] * 3000 + ["keyerror"] * 3000 + ["undecodable"] * 2000
-    kinds += ["exhausted"] * 2000
+    kinds = ["permanent"] * 300 * s + ["keyerror"] * 300 * s + ["undecodable"] * 200 * s
+    kinds += ["exhausted"] * 200 * s
     rng.shuffle(kinds)
     messages: list[tuple[str, bytes]] = []
     for index, kind in enumerate(kinds):
@@ -113,7 +129,7 @@ def _ids(vhost: str, *args: str) -> set[str]:
 def test_every_filter_returns_exactly_the_expected_set(parked: Parked) -> None:
     v = parked.vhost
     everything = _list(v)
-    assert len(everything) == N and {m["message_id"] for m in everything} == set(parked.kind)
+    assert len(everything) == parked.n and {m["message_id"] for m in everything} == set(parked.kind)
     by_id = {m["message_id"]: m for m in everything}
     expected_reason = {
         "permanent": "permanent",
@@ -129,10 +145,10 @@ def test_every_filter_returns_exactly_the_expected_set(parked: Parked) -> None:
         assert record["first_failed_at"] and record["last_failed_at"] and record["size"] > 0
 
     # Every filter, evaluated on the real parked messages of one browse (each CLI call is a
-    # full browse of 10,000 messages; the CLI wiring is checked below with a few of them).
+    # full browse of them all; the CLI wiring is checked below with a few of them).
     messages: list[ParkedMessage] = []
     broker.run(list_parked(broker.settings_for(v), PARKING, ParkedFilter(), messages.append))
-    assert len(messages) == N
+    assert len(messages) == parked.n
     now = datetime.now(UTC)
 
     def select(**kwargs: Any) -> set[str]:
@@ -192,35 +208,41 @@ def test_inspection_leaves_every_message_in_place(parked: Parked) -> None:
     stats = broker.cli("parking", "stats", PARKING, "--json", vhost=v)
     assert stats.returncode == 0
     counts = json.loads(stats.stdout)
-    assert counts["by_reason"] == {"permanent": 6000, "undecodable": 2000, "exhausted": 2000}
-    assert counts["by_origin"] == {"lane.a": 5000, "lane.b": 5000}
+    s = parked.scale
+    assert counts["by_reason"] == {
+        "permanent": 600 * s,
+        "undecodable": 200 * s,
+        "exhausted": 200 * s,
+    }
+    assert counts["by_origin"] == {"lane.a": 500 * s, "lane.b": 500 * s}
     check = broker.cli("parking", "stats", PARKING, "--max-count", "100", vhost=v)
     assert check.returncode == 2 and "PARKING CRITICAL" in check.stdout
-    assert broker.cli("parking", "stats", PARKING, "--max-count", "12000", vhost=v).returncode == 1
-    assert broker.cli("parking", "stats", PARKING, "--max-count", "20000", vhost=v).returncode == 0
+    warn, ok = str(1200 * s), str(2000 * s)  # above 80% of the limit: a warning
+    assert broker.cli("parking", "stats", PARKING, "--max-count", warn, vhost=v).returncode == 1
+    assert broker.cli("parking", "stats", PARKING, "--max-count", ok, vhost=v).returncode == 0
     # Same ids, same count, nothing unacked.
-    assert broker.depths(v, [PARKING])[PARKING] == N
+    assert broker.depths(v, [PARKING])[PARKING] == parked.n
     assert _ids(v) == set(parked.kind)
 
 
 def test_replay_of_a_filtered_set_gives_fresh_attempts(parked: Parked, tmp_path: Path) -> None:
     v = parked.vhost
-    chosen = parked.ids(kind="keyerror")
+    chosen, N = parked.ids(kind="keyerror"), parked.n
     dry = broker.cli(
         "parking", "replay", PARKING, "--error-type", "KeyError", "--dry-run", vhost=v, timeout=120
     )
-    assert dry.returncode == 0 and dry.stdout.count("would replay") == 3000
+    assert dry.returncode == 0 and dry.stdout.count("would replay") == len(chosen)
     assert broker.depths(v, [PARKING])[PARKING] == N
     result = broker.cli(
         "parking", "replay", PARKING, "--error-type", "KeyError", "--json", vhost=v, timeout=180
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    assert report["selected"] == 3000 and report["replayed"] == 3000
-    assert broker.depths(v, [PARKING])[PARKING] == N - 3000
+    assert report["selected"] == len(chosen) and report["replayed"] == len(chosen)
+    assert broker.depths(v, [PARKING])[PARKING] == N - len(chosen)
     assert _ids(v) == set(parked.kind) - chosen
     lanes = {q: broker.depths(v, [q])[q] for q in ("lane.a", "lane.b")}
-    assert lanes["lane.a"] + lanes["lane.b"] == 3000
+    assert lanes["lane.a"] + lanes["lane.b"] == len(chosen)
     # The consumer sees each replayed message once more, starting again at attempt 1
     # (KeyError is still permanent, so each one parks again after a single attempt).
     ledger = tmp_path / "ledger.db"
@@ -257,7 +279,7 @@ def test_kill_9_of_replay_never_loses_a_message(parked: Parked) -> None:
     v = parked.vhost
     target = "replay.target"
     _declare_plain_quorum(v, target)
-    chosen = parked.ids(kind="exhausted")
+    chosen, N = parked.ids(kind="exhausted"), parked.n
     env = broker.cli_env(v)
     cmd = [
         sys.executable,
@@ -271,7 +293,7 @@ def test_kill_9_of_replay_never_loses_a_message(parked: Parked) -> None:
         "--routing-key",
         target,
         "--rate",
-        "1500",
+        str(150 * parked.scale),  # a kill 0.8-1.6 s in lands mid-replay at either scale
     ]
     rng = random.Random(5)
     duplicates_seen = 0
