@@ -1,7 +1,7 @@
 """rmqkit: RabbitMQ consumers that lose nothing and never loop on poison.
 
 The public names below load on first use (PEP 562): ``import rmqkit`` stays cheap, so the CLI
-starts fast (`rmqkit --help`, issue 14) and a web app that only calls ``rmqkit.outbox.add``
+starts fast (`rmqkit --help`) and a web app that only calls ``rmqkit.outbox.add``
 does not import the consumer. ``from rmqkit import X`` and ``rmqkit.X`` work as usual.
 """
 
