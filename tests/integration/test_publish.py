@@ -135,6 +135,12 @@ def test_a_full_bounded_queue_is_reported_busy_and_loses_no_confirmed_message(
     stop = threading.Event()
 
     def drain_slowly() -> None:
+        # Start a second after the command has connected, not after it was started: under load
+        # its start-up alone can outlast a fixed wait, and the queue would be drained before its
+        # first publish (nothing refused, nothing retried; seen once on a loaded 4.3 node).
+        listed = f"/vhosts/{broker.q(vhost)}/connections"
+        while not stop.is_set() and not broker.api("GET", listed).json():
+            stop.wait(0.1)
         stop.wait(1.0)
         while not stop.is_set():
             broker.drain(vhost, "jobs.work")
