@@ -252,3 +252,53 @@ def test_the_checker_refuses_what_is_not_there() -> None:
 def test_rmqkit_commands_in_the_docs_exist(block: Block, words: list[str]) -> None:
     problem = check_command(words)
     assert problem is None, f"{block.where}: {shlex.join(words)}: {problem}"
+
+
+# --- links between the pages ---------------------------------------------------------------------
+
+LINK = re.compile(r"\]\((?!https?://|mailto:)([^)\s]*?)(?:#([^)\s]+))?\)")
+
+
+def anchors(path: Path) -> set[str]:
+    """The heading anchors GitHub renders for ``path`` (lowercased, punctuation dropped, spaces
+    to hyphens, a repeated heading numbered)."""
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+LINKS = [
+    (path, target, anchor)
+    for path in DOCS
+    for target, anchor in LINK.findall(FENCE.sub("", path.read_text(encoding="utf-8")))
+]
+
+
+def test_the_link_scanner_finds_links() -> None:
+    assert len(LINKS) >= 50, len(LINKS)
+
+
+@pytest.mark.parametrize(
+    ("path", "target", "anchor"),
+    LINKS,
+    ids=[f"{p.relative_to(ROOT)}->{t}#{a}" for p, t, a in LINKS],
+)
+def test_relative_links_reach_a_page_and_its_heading(path: Path, target: str, anchor: str) -> None:
+    page = (path.parent / target).resolve() if target else path
+    assert page.exists(), f"{path.relative_to(ROOT)}: {target} does not exist"
+    if anchor and page.suffix == ".md":
+        assert anchor in anchors(page), (
+            f"{path.relative_to(ROOT)}: no heading #{anchor} in {target}"
+        )
+
+
+def test_anchors_are_githubs() -> None:
+    found = anchors(ROOT / "docs" / "benchmarks.md")
+    assert "2026-12-02-outcome-hooks-in-the-consumer-rmqkit-publish-over-the-library" in found
+    assert "encrypted-fields-in-the-consumer" in found and "no-such-heading" not in found
