@@ -1,4 +1,4 @@
-"""Every TOML and shell block of the user docs (README.md, docs/**/*.md) checked against the tool.
+"""Every TOML and shell block of the docs (README, CONTRIBUTING, docs/**/*.md) against the tool.
 
 - a ```toml block parses with tomllib and, when it is a topology (top-level ``queues``,
   ``exchanges`` or ``bindings``), is accepted by rmqkit's topology loader; a block the doc marks
@@ -7,6 +7,7 @@
   and every ``rmqkit …`` command in it names a real command and only options that command
   has, resolved against the click command tree of ``rmqkit.cli.main.app`` (nothing is run).
 
+Relative links are checked too: each reaches a page and, with an anchor, one of its headings.
 No broker: this is the check that a doc cannot drift from the options the code has.
 """
 
@@ -28,7 +29,7 @@ from rmqkit.errors import RmqkitError
 from rmqkit.topology.model import parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SHELLS = {"shell", "bash", "console", "sh"}
 INVALID = "<!-- invalid-example -->"
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
