@@ -225,6 +225,14 @@ def test_the_doc_names_only_known_checks() -> None:
     assert sum(1 for s in blocks if s.background) == 1
 
 
+def test_expected_output_is_matched_in_order() -> None:
+    actual = "wrote k.json: key k1ab (current)\nApplied: 26 create.\n"
+    assert_output("wrote k.json: key … (current)\n…\nApplied: 26 create.", actual, "here")
+    for wrong in ("Applied: 26 create.\nwrote k.json: key … (current)", "Applied: 25 create."):
+        with pytest.raises(AssertionError, match="no line"):
+            assert_output(wrong, actual, "here")
+
+
 def _stop(process: subprocess.Popen[bytes], name: str, log: Path) -> None:
     process.send_signal(signal.SIGTERM)
     try:
