@@ -29,7 +29,9 @@ ID_FROM_OPT = typer.Option(
     "--id-from",
     metavar="FIELD",
     help="Take each message_id from this field (dotted path): of the NDJSON record "
-    "(e.g. body.order_id), or of each line/--body parsed as JSON (e.g. order_id).",
+    "(e.g. body.order_id), or of each line/--body parsed as JSON (e.g. order_id). Recommended "
+    "for business events: the same event published again, from any file or line, then has the "
+    "same id and an idempotent consumer drops it.",
 )
 
 
@@ -106,8 +108,11 @@ def publish(
 
     A message without an explicit id (--message-id, an NDJSON record's message_id) or --id-from
     gets one derived from the exchange, routing key, its position (line number, or --body index)
-    and body: the same input published again gets the same ids, so after a lost connection a
-    rerun's duplicates can be recognised.
+    and body. That protects against a rerun of the same input only: after a lost connection,
+    publishing the same file again gives the same ids, so its duplicates can be recognised. The
+    same event published again from another file, at another line or with another routing key
+    gets another id and is not recognised as a duplicate: give business events their own id
+    with --id-from (or --message-id).
 
     --delay / --topology: the message is published to its lane queue (default exchange) or,
     delayed, to the delay ladder's entry, which is declared first; every message is prepared
