@@ -50,7 +50,8 @@ def malformed_userinfo(url: str) -> str | None:
     quoted = [f"'{c}'" for c in found]
     chars = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
     codes = ", ".join(f"'{c}' as {ENCODED[c]}" for c in found)
-    return f"its user name or password holds {chars}: percent-encode {'it' if len(found) == 1 else 'them'} there ({codes})" + (
+    them = "it" if len(found) == 1 else "them"
+    return f"its user name or password holds {chars}: percent-encode {them} there ({codes})" + (
         "; an '@' of the vhost is written %40 too" if cut else ""
     )
 

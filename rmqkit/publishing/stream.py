@@ -226,6 +226,12 @@ async def publish_input(
         timeout_s=timeout_s,
         prepare=prepare,
     )
+    if report.returned_to:  # name the routing keys the exchange does bind (management API)
+        from rmqkit.publishing.targets import routing_hint
+
+        target = report.returned_to[0][0]
+        keys = list(dict.fromkeys(k for e, k in report.returned_to if e == target))
+        report.routing_hint = await routing_hint(settings, target, keys)
     if routed is not None:
         report.lanes = dict(Counter(r.lane for r in routed if r.lane))
         report.delays_ms = [r.applied_ms for r in routed if r.applied_ms]
