@@ -88,7 +88,7 @@ async def _bindings(
     """The vhost's bindings from ``source`` (an exchange) or to ``destination`` (a queue)."""
     async with management(settings) as api:
         every = await api.bindings()
-    return [
+    found = [
         b
         for b in every
         if (source is None or b.get("source") == source)
@@ -97,6 +97,8 @@ async def _bindings(
             or (b.get("destination") == destination and b.get("destination_type") == "queue")
         )
     ]
+    # in a stable order (the API lists them in no documented one)
+    return sorted(found, key=lambda b: (str(b.get("source")), str(b.get("routing_key")), str(b)))
 
 
 def _binding(binding: dict[str, Any]) -> str:
