@@ -36,9 +36,11 @@ class Stop:
 
     def sent(self, number: int, message: OutgoingMessage) -> None:
         """``message``, the ``number``-th of the run, was handed to the broker."""
-        source, _, position = message.where.rpartition(":")
+        # ``<stdin>:12`` (a line), ``--body 2`` (inputs.py); anything else: no position
+        body = message.where.startswith("--body ")
+        position = message.where.split(" ")[-1] if body else message.where.rpartition(":")[2]
         self.last = int(position) if position.isdigit() else None
-        self.stdin = bool(source) and not source.startswith("--body")
+        self.stdin = not body
         self.waiting[number] = self.last
 
     def settled(self, number: int) -> None:
