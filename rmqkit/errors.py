@@ -172,6 +172,16 @@ class Interrupted(RmqkitError):
     exit_code = ExitCode.INTERRUPTED
 
 
+class PublishStopped(Interrupted):
+    """`rmqkit publish` was interrupted (Ctrl-C): the message says how many messages were
+    published and confirmed, which were sent without a confirm, and how to resume; ``report``
+    is the run's ``PublishReport`` (exit 130)."""
+
+    def __init__(self, message: str, report: object) -> None:
+        super().__init__(message)
+        self.report = report
+
+
 __all__ = [
     "AccessRefused",
     "BrokerError",
@@ -184,6 +194,7 @@ __all__ = [
     "PartialSuccess",
     "PublishFailed",
     "PublishInterrupted",
+    "PublishStopped",
     "PublisherBusy",
     "PublisherClosed",
     "RmqkitError",

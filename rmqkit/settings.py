@@ -15,7 +15,8 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rmqkit.errors import ConfigError
+from rmqkit.errors import ConfigError, UsageError
+from rmqkit.urls import malformed_userinfo, split_urls
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_MANAGEMENT_PORT = 15672
@@ -33,7 +34,10 @@ def mask_url(url: str) -> str:
 
     Also for a URL typed wrong (``amqp//ops:pw@host``, ``ops:pw@host``, a bad port), which is
     exactly what an error message quotes: anything between the user's ``:`` and the last ``@``
-    is masked then."""
+    is masked then — also when a password that was not percent-encoded holds an ``@`` or
+    ``/`` (``amqp://u:p@ss/word@host``: the parser's host ``ss`` is part of the password)."""
+    if malformed_userinfo(url) is not None:
+        return _mask_loosely(url)
     parts = urlsplit(url)
     try:
         port = parts.port
@@ -111,10 +115,17 @@ class Settings(BaseSettings):
     @field_validator("url")
     @classmethod
     def _check_urls(cls, value: SecretStr) -> SecretStr:
-        urls = [u.strip() for u in value.get_secret_value().split(",") if u.strip()]
+        raw = value.get_secret_value()
+        urls, stray = split_urls(raw)
         if not urls:
             raise ValueError("RMQKIT_URL is empty")
+        if stray is not None:  # the entry is quoted nowhere: it may be the rest of a password
+            raise ValueError(
+                f"{_mask_loosely(raw)} is malformed: entry {stray} of {len(urls)} (split at ',') "
+                "is not an AMQP URL — a ',' in a password is percent-encoded as %2C"
+            )
         for url in urls:
+            _check_userinfo(url)
             parts = urlsplit(url)
             if parts.scheme not in _AMQP_SCHEMES or not parts.hostname:
                 raise ValueError(
@@ -131,6 +142,7 @@ class Settings(BaseSettings):
         if value is None or not value.get_secret_value().strip():
             return None
         url = value.get_secret_value().strip()
+        _check_userinfo(url)
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{mask_url(url)} is not an HTTP URL (http://host:15672)")
@@ -224,6 +236,13 @@ class Settings(BaseSettings):
         return (str(self.keyring_file) if self.keyring_file else None, inline or None)
 
 
+def _check_userinfo(url: str) -> None:
+    """ValueError, the URL masked, if its user name or password was not percent-encoded."""
+    problem = malformed_userinfo(url)
+    if problem is not None:
+        raise ValueError(f"{mask_url(url)} is malformed: {problem}")
+
+
 def _check_port(url: str, example: str) -> None:
     try:
         _ = urlsplit(url).port  # raises on a bad one
@@ -233,10 +252,12 @@ def _check_port(url: str, example: str) -> None:
         ) from None
 
 
-def load_settings(**overrides: Any) -> Settings:
+def load_settings(*, flags: bool = False, **overrides: Any) -> Settings:
     """Build settings; ``overrides`` (from flags) beat environment, ``.env`` and defaults.
 
-    Raises ConfigError (exit 78) with one line naming the bad setting.
+    Raises ConfigError (exit 78) with one line naming the bad setting. ``flags``: the
+    overrides were given on the command line (``--url``), so a bad one is a UsageError (64)
+    naming the flag; a bad setting from the environment or ``.env`` stays a ConfigError.
     """
     from pydantic import ValidationError
 
@@ -245,7 +266,10 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**clean)
     except ValidationError as exc:
         first = exc.errors()[0]
-        name = "RMQKIT_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
+        field = str(first["loc"][0]) if first["loc"] else None
         # pydantic words a validator's error "Value error, <ours>": the prefix says nothing.
         message = str(first["msg"]).removeprefix("Value error, ")
+        if flags and field in clean:
+            raise UsageError(f"--{field.replace('_', '-')}: {message}") from None
+        name = "RMQKIT_" + field.upper() if field else "settings"
         raise ConfigError(f"{name}: {message}") from None

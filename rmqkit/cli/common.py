@@ -23,7 +23,7 @@ def settings_from(ctx: typer.Context) -> Settings:
     overrides: dict[str, Any] = dict(ctx.find_root().obj or {})
     vhost = overrides.pop("vhost", None)
     overrides.pop("non_interactive", None)
-    settings = load_settings(**overrides)
+    settings = load_settings(flags=True, **overrides)  # a bad --url is a usage error (64)
     return settings if vhost is None else settings.for_vhost(vhost)
 
 

@@ -13,7 +13,7 @@ import typer
 from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from
 from rmqkit.cli.render import stderr
 from rmqkit.durations import format_duration_ms, parse_delay_ms
-from rmqkit.errors import UsageError
+from rmqkit.errors import PublishStopped, UsageError
 from rmqkit.publishing.engine import PublishReport
 from rmqkit.publishing.ids import IdSource
 from rmqkit.publishing.inputs import (
@@ -96,6 +96,14 @@ def publish(
         "the topology gives the queue a default) through the delay ladder (docs/delay.md).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    skip: int = typer.Option(
+        0,
+        "--skip",
+        min=0,
+        metavar="N",
+        help="Skip the first N lines of stdin, as an interrupted publish says to resume; the "
+        "lines after them keep their numbers, so their derived message_ids are a full run's.",
+    ),
 ) -> None:
     """Publish persistent messages with publisher confirms and `mandatory`, each with a stable
     message_id. Exit 65 if some were unroutable, or larger than the broker's max_message_size
@@ -136,37 +144,53 @@ def publish(
         raise UsageError("give at most one of --message-id, --id-from and --random-ids")
     if not body and sys.stdin.isatty():
         raise UsageError("give --body or pipe messages on stdin (one per line)")
+    if skip and body:
+        raise UsageError("--skip skips lines of stdin; it does not go with --body")
     ids = IdSource(exchange, routing_key, field=id_from, random=random_ids, in_record=ndjson)
     edge = PublishEdge.load(settings, topology, delay_ms)  # 65/78 here, before input is read
     messages: Iterable[OutgoingMessage]
     if body:
         messages = _bodies(body, headers or None, content_type, ids, message_id)
     elif ndjson:
-        messages = messages_from_ndjson(sys.stdin.buffer, headers=headers or None, ids=ids)
+        lines = _skipping(sys.stdin.buffer, skip)
+        messages = messages_from_ndjson(lines, headers=headers or None, ids=ids)
     else:
+        lines = _skipping(sys.stdin.buffer, skip)
         messages = messages_from_lines(
-            sys.stdin.buffer, headers=headers or None, content_type=content_type, ids=ids
+            lines, headers=headers or None, content_type=content_type, ids=ids
         )
-    report = run_async(
-        publish_input(
-            settings,
-            exchange,
-            routing_key,
-            messages,
-            edge=edge,
-            ids=ids,
-            all_first=bool(body) or ndjson,  # stdin lines stream; a file of records does not
-            window=window,
-            retry_busy=retry_busy,
-            notice=_notice,
-            notice_every_s=notice_every_s,
-            timeout_s=timeout_s,
+    try:
+        report = run_async(
+            publish_input(
+                settings,
+                exchange,
+                routing_key,
+                messages,
+                edge=edge,
+                ids=ids,
+                all_first=bool(body) or ndjson,  # stdin lines stream; a file of records does not
+                window=window,
+                retry_busy=retry_busy,
+                notice=_notice,
+                notice_every_s=notice_every_s,
+                timeout_s=timeout_s,
+            )
         )
-    )
+    except PublishStopped as stopped:  # Ctrl-C: the counts, then the line saying how to resume
+        if isinstance(stopped.report, PublishReport):
+            _render(stopped.report, as_json)
+        raise
     _render(report, as_json)
     error = report.failure()
     if error is not None:
         raise error
+
+
+def _skipping(lines: Iterable[bytes], skip: int) -> Iterator[bytes]:
+    """``lines`` with the first ``skip`` given as empty ones: not published, still counted, so
+    every later line keeps its number (its position, from which its message_id is derived)."""
+    for number, line in enumerate(lines, start=1):
+        yield b"\n" if number <= skip else line
 
 
 def _bodies(

@@ -17,6 +17,7 @@ from rmqkit.broker.management import management
 from rmqkit.cli.common import run_async, seconds, settings_from, topology_option
 from rmqkit.cli.render import print_json, stderr, stdout
 from rmqkit.durations import age_text
+from rmqkit.errors import Interrupted
 from rmqkit.health.status import QueueStatus, StatusReport, read_status, read_status_once
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology, load_topology
@@ -64,7 +65,10 @@ def status(
             _print_lines(report)
         return
     every_s = seconds(interval, "--interval")
-    run_async(_watch(settings, spec, every_s, as_json=as_json, parking_age=parking_age))
+    try:
+        run_async(_watch(settings, spec, every_s, as_json=as_json, parking_age=parking_age))
+    except Interrupted:
+        return  # Ctrl-C is how --watch is meant to end: exit 0, no error line
 
 
 async def _watch(
@@ -75,7 +79,7 @@ async def _watch(
     as_json: bool,
     parking_age: bool,
 ) -> None:
-    """Read and redraw until interrupted; Ctrl-C ends it (exit 130 at the CLI edge).
+    """Read and redraw until interrupted; Ctrl-C ends it (exit 0: its documented way out).
 
     Not on a terminal (a pipe, a file), a redrawn table would show nothing until the end:
     there each reading is one JSON line, flushed, as with --json."""

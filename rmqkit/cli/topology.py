@@ -6,7 +6,10 @@ as their first argument (the older form, kept so existing scripts and runbooks w
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shlex
+from collections import Counter
 from enum import StrEnum
 from pathlib import Path
 from typing import Literal
@@ -25,9 +28,17 @@ from rmqkit.cli.render import (
     stdout,
     summary_line,
 )
-from rmqkit.errors import ConfigError, ExitCode, RmqkitError, UsageError
+from rmqkit.errors import ConfigError, ExitCode, Interrupted, RmqkitError, UsageError
 from rmqkit.fileout import check_output, output_mode, write_file
-from rmqkit.topology import declare_topology, export_definitions, load_topology, plan_topology
+from rmqkit.settings import Settings
+from rmqkit.topology import (
+    Topology,
+    declare_topology,
+    export_definitions,
+    load_topology,
+    plan_topology,
+)
+from rmqkit.topology.progress import topology_presence
 
 FILE_ARG = typer.Argument(
     None,
@@ -113,8 +124,18 @@ def declare(
 ) -> None:
     """Make the broker match the topology file(s); nothing changes if a conflict exists (65)."""
     settings = settings_from(ctx)
-    topology = [load_topology(file) for file in topology_files(files, topology_opt)]
-    result = run_async(declare_topology(settings, topology, via=_via(via), dry_run=dry_run))
+    named = topology_files(files, topology_opt)
+    topology = [load_topology(file) for file in named]
+    try:
+        result = run_async(declare_topology(settings, topology, via=_via(via), dry_run=dry_run))
+    except Interrupted:
+        if dry_run:
+            raise Interrupted(
+                "interrupted: --dry-run changes nothing; nothing was changed"
+            ) from None
+        rerun = "rmqkit declare " + " ".join(shlex.quote(str(f)) for f in named)
+        rerun += " --via arguments" if via == ViaChoice.arguments else ""
+        raise Interrupted(_interrupted_declare(settings, topology, _via(via), rerun)) from None
     plan = result.plan
     if as_json:
         print_json({**plan_dict(plan), "dry_run": dry_run, "applied": len(result.applied)})
@@ -137,6 +158,37 @@ def declare(
             "note: no management API — existing objects were redeclared and checked "
             "by the broker, not compared"
         )
+
+
+def _interrupted_declare(
+    settings: Settings, topology: list[Topology], via: Literal["policy", "arguments"], rerun: str
+) -> str:
+    """The line of a `declare` stopped by Ctrl-C: how many of the topology's objects the broker
+    holds now and which it does not (by name, from the management API), and that a rerun is
+    safe."""
+    again = f"rerun `{rerun}`: it is idempotent, it declares only what is missing"
+    try:
+        found = run_async(asyncio.wait_for(topology_presence(settings, topology, via=via), 10))
+    except (RmqkitError, TimeoutError, KeyboardInterrupt):  # no API, or Ctrl-C again
+        return (
+            "interrupted: part of the topology may be declared (exchanges, then policies, then "
+            f"queues, then bindings) — {again}"
+        )
+    if not found.missing:
+        return f"interrupted, after everything was declared: all {found.total} objects exist"
+    counts = Counter(kind for kind, _ in found.missing)
+    kinds = ", ".join(f"{n} {_plural(kind, n)}" for kind, n in counts.items())
+    kind, name = found.missing[0]
+    return (
+        f"interrupted: {found.present} of the topology's {found.total} objects exist, not yet "
+        f"declared: {kinds} (e.g. {kind} {name!r}) — {again}"
+    )
+
+
+def _plural(kind: str, n: int) -> str:
+    if n == 1:
+        return kind
+    return kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
 
 
 def plan(

@@ -19,6 +19,8 @@ from rmqkit.broker.codec import Properties
 from rmqkit.broker.session import Channel, Outcome, Session, open_session
 from rmqkit.errors import BrokerUnavailable, DataError, MessageTooLarge, RmqkitError
 from rmqkit.publishing.inputs import OutgoingMessage
+from rmqkit.publishing.stopping import Stop
+from rmqkit.publishing.targets import require_target
 from rmqkit.settings import Settings
 
 DEFAULT_WINDOW = 1000
@@ -44,6 +46,10 @@ class PublishReport:
     # the ladder applies (ms, one per delayed message); None / empty without either.
     lanes: dict[str, int] | None = None
     delays_ms: list[int] = field(default_factory=list)
+    # (exchange, routing key) of each returned message, and why they routed nowhere (the
+    # bindings of the exchange: ``rmqkit.publishing.targets.routing_hint``), once looked up
+    returned_to: list[tuple[str, str]] = field(default_factory=list)
+    routing_hint: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         counts: dict[str, Any] = {
@@ -62,6 +68,11 @@ class PublishReport:
     def failure(self) -> RmqkitError | None:
         """The error of a run that did not get every message confirmed (None if it did):
         returned ones first (DataError 65: retrying does not help), then busy (69)."""
+        if self.returned and self.routing_hint:
+            return DataError(
+                f"{self.returned} message(s) were unroutable and were returned, e.g. message_id "
+                f"{self.returned_ids[0]}: {self.routing_hint}"
+            )
         if self.returned:
             return DataError(
                 f"{self.returned} message(s) were unroutable (no queue bound for them) and were "
@@ -122,9 +133,10 @@ async def publish_messages(
     """
     report = PublishReport()
     tracker = _Tracker()
+    stop = Stop(report, repeatable_ids=repeatable_ids)  # Ctrl-C: what was done, how to resume
     amqp = await open_session(settings, name=f"rmqkit publish {exchange or '(default)'}")
     try:
-        await amqp.require_exchange(exchange)
+        await require_target(settings, amqp, exchange)  # a queue's name: says how to reach it
         if prepare is not None:
             await prepare(amqp)
         link = _Link(amqp, window)
@@ -144,6 +156,7 @@ async def publish_messages(
                 failures.append(exc)
             else:
                 tracker.settled(number, confirmed)
+                stop.settled(number)
             finally:
                 slots.release()
                 done += 1
@@ -154,10 +167,11 @@ async def publish_messages(
             tasks: set[asyncio.Task[None]] = set()
             for message in messages:
                 await slots.acquire()
-                if failures:
+                if failures or stop.requested:
                     break
                 report.published += 1
                 tracker.sent(report.published, message.message_id)
+                stop.sent(report.published, message)
                 task = asyncio.ensure_future(send(report.published, message))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -171,9 +185,9 @@ async def publish_messages(
             notice or (lambda _: None), every_s=notice_every_s, progress=so_far
         ) as watch:
             if timeout_s is None:
-                await feed()
+                await stop.guard(feed())
             else:
-                await _within(feed(), tracker, timeout_s, report, watch, repeatable_ids)
+                await stop.guard(_within(feed(), tracker, timeout_s, report, watch, repeatable_ids))
         await link.channel.publisher.close()
         if progress is not None:
             progress(done)
@@ -407,6 +421,7 @@ async def _send_one(
         if outcome is Outcome.RETURNED:
             report.returned += 1
             report.returned_ids.append(message.message_id)
+            report.returned_to.append((exchange, key))
             return False
         if not retry_busy or attempt >= busy_retries:
             report.nacked += 1

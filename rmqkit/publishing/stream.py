@@ -192,7 +192,10 @@ async def publish_input(
     every message is checked first regardless. The rest: ``publish_messages``.
 
     Returns the report (counts, lanes, delays); a run with returned or refused messages is
-    ``report.failure()`` — not raised, so the caller can show the counts first."""
+    ``report.failure()`` — not raised, so the caller can show the counts first; its returned
+    messages' error names the bindings of their exchange (``rmqkit.publishing.targets``).
+    Cancelled (Ctrl-C), it sends nothing more, waits a moment for the confirms in flight and
+    raises PublishStopped (130) with the report and how to resume (``publishing.stopping``)."""
     ids = ids or IdSource(exchange, routing_key)
     if edge is not None:
         edge.refuse_sensitive_id_field(ids)
@@ -226,6 +229,12 @@ async def publish_input(
         timeout_s=timeout_s,
         prepare=prepare,
     )
+    if report.returned_to:  # name the routing keys the exchange does bind (management API)
+        from rmqkit.publishing.targets import routing_hint
+
+        target = report.returned_to[0][0]
+        keys = list(dict.fromkeys(k for e, k in report.returned_to if e == target))
+        report.routing_hint = await routing_hint(settings, target, keys)
     if routed is not None:
         report.lanes = dict(Counter(r.lane for r in routed if r.lane))
         report.delays_ms = [r.applied_ms for r in routed if r.applied_ms]

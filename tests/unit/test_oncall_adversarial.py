@@ -55,7 +55,7 @@ def test_a_mistyped_url_flag_never_prints_its_password() -> None:
         "config",
         RMQKIT_URL="amqp://guest:guest@127.0.0.1:1/",
     )
-    assert result.returncode == 78, result.stderr
+    assert result.returncode == 64, result.stderr  # the command line is wrong: a usage error
     assert SECRET not in result.stdout + result.stderr
 
 
@@ -122,12 +122,16 @@ def test_an_empty_vhost_is_a_usage_error_not_the_default_vhost(where: str) -> No
 
 
 def test_vhost_rewrite_keeps_the_password_masked_and_the_last_vhost_wins() -> None:
-    """Held: --vhost rewriting a cluster list (with an '@' left unencoded in one password)
-    masks every password; given twice (before and after the command) the later one wins,
-    consistently for config."""
-    url = f"amqp://ops:{SECRET}@127.0.0.1:1/a,amqp://ops:p@{SECRET}@127.0.0.1:2/a"
+    """Held: --vhost rewriting a cluster list (with an '@' encoded in one password) masks every
+    password; given twice (before and after the command) the later one wins, consistently for
+    config. Left unencoded, that '@' makes the URL malformed: refused, still masked."""
+    url = f"amqp://ops:{SECRET}@127.0.0.1:1/a,amqp://ops:p%40{SECRET}@127.0.0.1:2/a"
     result = rmqkit("--vhost", "x", "config", "--json", "--vhost", "y/z", RMQKIT_URL=url)
     assert result.returncode == 0, result.stderr
+    unencoded = url.replace("%40", "@")
+    refused = rmqkit("--vhost", "x", "config", "--json", RMQKIT_URL=unencoded)
+    assert refused.returncode == 78, refused.stderr
+    assert SECRET not in refused.stdout + refused.stderr
     assert SECRET not in result.stdout + result.stderr
     assert '"vhost": "y/z"' in result.stdout
     assert "y%2Fz" in result.stdout
