@@ -78,6 +78,11 @@ class Batches(RelayBase):
             params = (self.holder, self.holder, self.options.lease_s)
             if (await self._conn.execute(self.sql.begin_batch, params)).rowcount:
                 return True
+            # A hold can outlast the lease: keep it, or give up the batch if another relay has
+            # taken it meanwhile (both would claim once the hold is gone). ``--once`` runs
+            # without the lease.
+            if not self.options.once and not await self._lease():
+                return False
             await self._sleep(OPERATOR_WAIT_S)
         return False
 
