@@ -1,4 +1,5 @@
-"""`rmqkit outbox`: init, relay and status of the transactional outbox (issue 12)."""
+"""`rmqkit outbox`: init, relay and status of the transactional outbox; list, retry, discard
+and retarget its pending rows (rmqkit.outbox.operator)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import typer
 from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from
 from rmqkit.errors import UsageError
 from rmqkit.outbox import RelayOptions, init, outbox_status, run_relay
+from rmqkit.outbox import operator as ops
 from rmqkit.outbox.relay import parse_retention
 
 app = typer.Typer(
-    help="Transactional outbox: create its table, relay pending rows to RabbitMQ, show its state.",
+    help="Transactional outbox: create its table, relay pending rows to RabbitMQ, show its state; "
+    "list, retry, discard or retarget pending rows.",
     no_args_is_help=True,
 )
 
@@ -76,6 +79,12 @@ def relay_cmd(
         help="Topology file: each row goes to its work queue's lane and gets the queue's "
         "default delay (rows with delay= are delayed with or without it).",
     ),
+    failing_summary: str = typer.Option(
+        "60s",
+        "--failing-summary",
+        help="While rows are failing, log how many and why this often (off: never). Each "
+        "failing row is logged once either way, and again only if its error changes.",
+    ),
 ) -> None:
     """Publish pending outbox rows with confirms, then mark them published (runs until SIGTERM,
     which lets the batch in flight finish within --grace). Exit codes: 0 ok, 3 rows left
@@ -102,6 +111,9 @@ def relay_cmd(
         listen=notify,
         topology=topology,
         grace_s=seconds(grace, "--grace"),
+        failing_summary_s=(
+            None if failing_summary == "off" else seconds(failing_summary, "--failing-summary")
+        ),
     )
     report = run_async(run_relay(settings_from(ctx), options))
     left = f"; left pending {report.left_pending}" if once else ""
@@ -146,3 +158,100 @@ def status_cmd(
         for reason in result.reasons:
             typer.echo(f"check: {reason}")
     raise typer.Exit(result.status)
+
+
+WAIT_HELP = (
+    "How long to wait for a relay that is publishing one of the rows (then nothing is changed, "
+    "exit 69)."
+)
+ROW_IDS_HELP = "Row ids (`rmqkit outbox list --failing` shows them)."
+
+
+def _ids_argument() -> list[int]:
+    return typer.Argument(..., metavar="ROW_ID...", help=ROW_IDS_HELP)  # type: ignore[no-any-return]
+
+
+def _wait_option() -> str:
+    return typer.Option("30s", "--wait", help=WAIT_HELP)  # type: ignore[no-any-return]
+
+
+def _done(verb: str, rows: list[ops.OutboxRow], extra: str = "") -> None:
+    for row in rows:
+        typer.echo(
+            f"{verb} row {row.id} ({row.message_id}, {row.exchange!r}/{row.routing_key!r}){extra}"
+        )
+
+
+@app.command("list")
+def list_cmd(
+    dsn: str = _dsn_option(),
+    failing: bool = typer.Option(False, "--failing", help="Only rows whose last publish failed."),
+    limit: int = typer.Option(100, "--limit", min=1, help="Show at most this many rows."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document."),
+) -> None:
+    """Pending rows in id order: id, message_id, exchange, routing key, aggregate, attempts,
+    age, when it is due, last error. Exit 0; 69 database unreachable; 78 bad DSN or no table."""
+    listing = ops.list_rows(dsn, failing=failing, limit=limit)
+    if as_json:
+        document = {"total": listing.total, "rows": [r.as_dict() for r in listing.rows]}
+        typer.echo(json.dumps(document, indent=2))
+        return
+    what = "failing" if failing else "pending"
+    shown = "" if len(listing.rows) == listing.total else f" (first {len(listing.rows)})"
+    typer.echo(f"{listing.total} {what} row(s){shown}")
+    for row in listing.rows:
+        due = "due now" if row.due_in_s <= 0 else f"due in {row.due_in_s:.0f}s"
+        aggregate = "" if row.aggregate is None else f" aggregate {row.aggregate!r}"
+        error = "" if row.last_error is None else f": {row.last_error}"
+        typer.echo(
+            f"  id {row.id} {row.message_id} -> {row.exchange!r}/{row.routing_key!r}{aggregate} "
+            f"attempts {row.attempts}, age {row.age_s:.0f}s, {due}{error}"
+        )
+
+
+@app.command("retry")
+def retry_cmd(
+    row_ids: list[int] = _ids_argument(),
+    dsn: str = _dsn_option(),
+    wait: str = _wait_option(),
+) -> None:
+    """Make the rows due now with their back-off reset (a relay publishes them on its next
+    batch). Exit 0; 65 an id that is not in the table or already published (nothing changed);
+    69 a relay kept a row busy past --wait, or the database is unreachable; 78 bad DSN."""
+    _done("retrying", ops.retry(dsn, row_ids, wait_s=seconds(wait, "--wait")))
+
+
+@app.command("retarget")
+def retarget_cmd(
+    row_ids: list[int] = _ids_argument(),
+    dsn: str = _dsn_option(),
+    exchange: str | None = typer.Option(None, "--exchange", help="The rows' new exchange."),
+    routing_key: str | None = typer.Option(
+        None, "--routing-key", help="The rows' new routing key."
+    ),
+    wait: str = _wait_option(),
+) -> None:
+    """Change the rows' exchange and/or routing key and make them due now. Exit 0; 64 neither
+    --exchange nor --routing-key; 65 an id that is not in the table or already published
+    (nothing changed); 69 a relay kept a row busy past --wait; 78 bad DSN."""
+    rows = ops.retarget(
+        dsn, row_ids, exchange=exchange, routing_key=routing_key, wait_s=seconds(wait, "--wait")
+    )
+    new_exchange = "" if exchange is None else f" exchange {exchange!r}"
+    new_key = "" if routing_key is None else f" routing key {routing_key!r}"
+    _done("retargeted", rows, f" to{new_exchange}{new_key}")
+
+
+@app.command("discard")
+def discard_cmd(
+    row_ids: list[int] = _ids_argument(),
+    dsn: str = _dsn_option(),
+    reason: str | None = typer.Option(None, "--reason", help="Recorded with the discarded rows."),
+    wait: str = _wait_option(),
+) -> None:
+    """Remove pending rows so they are never published; each is kept, as it was, in
+    rmqkit_outbox_discarded with when, by whom and --reason. Exit 0; 65 an id that is not in the
+    table or already published (nothing changed); 69 a relay kept a row busy past --wait; 78
+    bad DSN."""
+    rows = ops.discard(dsn, row_ids, reason=reason, wait_s=seconds(wait, "--wait"))
+    _done("discarded", rows, " (kept in rmqkit_outbox_discarded)")

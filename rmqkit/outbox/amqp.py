@@ -63,12 +63,13 @@ class Row:
     # planned only as it is sent (``rmqkit.outbox.rows.plan_at_publish``), with the delay left
     # at that moment.
     ladder_target: tuple[str, str] | None = None
+    last_error: str | None = None  # the error of its previous attempt (None: first, or reset)
     claimed_at: float = field(default_factory=time.monotonic)  # when age_ms was read
 
     @classmethod
     def of(cls, values: Sequence[Any]) -> Row:
         """A row from the claim query's columns (``queries.ROW_COLUMNS`` and the age)."""
-        i, mid, exchange, key, body, headers, ctype, aggregate, attempts, delay, age = values
+        i, mid, exchange, key, body, headers, ctype, aggregate, attempts, delay, error, age = values
         delay_ms = None if delay is None else int(delay)
         return cls(
             int(i),
@@ -82,6 +83,7 @@ class Row:
             attempts,
             delay_ms,
             float(age or 0.0),
+            last_error=error,
         )
 
     def waited_ms(self) -> float:

@@ -21,6 +21,9 @@ class RelayOptions:
     pipelined: bool = False  # --order pipelined: a batch's rows of one aggregate in one round trip
     topology: str | None = None  # --topology: lanes and default delays (docs/outbox.md)
     grace_s: float = 10.0  # --grace: how long SIGTERM waits for the batch in flight
+    # --failing-summary: how often a summary of the failing rows is logged while any are (None:
+    # never; each row's failure is logged once either way: rmqkit.outbox.failures)
+    failing_summary_s: float | None = 60.0
 
 
 @dataclass

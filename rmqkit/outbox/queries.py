@@ -42,6 +42,7 @@ ROW_COLUMNS: Final = (
     "aggregate",
     "attempts",
     "delay_ms",
+    "last_error",  # the relay logs a failure only when it differs from this (failures.py)
 )
 # After ROW_COLUMNS in every claim: how long the row has waited, in ms (the relay deducts it
 # from the row's delay).
@@ -49,6 +50,10 @@ AGE_MS: Final = "({now} - o.created_at) * 1000.0"
 AGGREGATE_LOCK_SPACE: Final = 727002  # first key of the two-key advisory locks
 RETENTION_CHUNK: Final = 500  # rows per retention DELETE: short transactions, small WAL bursts
 FAILING_SHOWN: Final = 20
+# SQLite, rows of the lease table besides the relay's lease: a relay's batch in flight
+# (BATCH_PREFIX + holder) and an operator command's hold (``rmqkit outbox retry|discard|retarget``).
+BATCH_PREFIX: Final = "batch:"
+OPERATOR_HOLD: Final = "operator"
 ONCE: Final = "{a}.last_attempt_at IS NULL OR {a}.last_attempt_at < ?"
 
 
@@ -74,6 +79,11 @@ class Queries:
     lease: str  # params: holder, seconds
     release: str  # params: holder
     release_writers: str  # PostgreSQL: the claim's AGGREGATE_WRITE_LOCK_SPACE locks (session)
+    failing_totals: str  # -> count, oldest created_at, now
+    failing_groups: str  # params: limit -> last_error, count (most frequent first)
+    begin_batch: str  # SQLite: params: holder, holder, seconds; no row while an operator holds
+    renew_batch: str  # SQLite: params: seconds, holder
+    end_batch: str  # SQLite: params: holder
 
 
 def queries_for(dialect: Dialect, *, delay_column: bool = True) -> Queries:
@@ -153,6 +163,27 @@ def queries_for(dialect: Dialect, *, delay_column: bool = True) -> Queries:
         ),
         release=dialect.q(f"DELETE FROM {LEASE_TABLE} WHERE holder = ?"),
         release_writers="SELECT pg_advisory_unlock_all()",
+        failing_totals=(
+            f"SELECT count(*), min(created_at), {now} FROM {TABLE} WHERE published_at IS NULL "
+            "AND last_error IS NOT NULL"
+        ),
+        failing_groups=dialect.q(
+            f"SELECT last_error, count(*) FROM {TABLE} WHERE published_at IS NULL AND last_error "
+            "IS NOT NULL GROUP BY last_error ORDER BY count(*) DESC, last_error LIMIT ?"
+        ),
+        # SQLite has no row locks: a relay's batch in flight is a row of the lease table
+        # (rmqkit.outbox.operator waits for it to go), and a batch starts only while no
+        # operator command holds the table (one statement, so the check and the start are atomic).
+        begin_batch=dialect.q(
+            f"INSERT INTO {LEASE_TABLE} (name, holder, expires_at) SELECT '{BATCH_PREFIX}' || ?, "
+            f"?, {now} + ? WHERE NOT EXISTS (SELECT 1 FROM {LEASE_TABLE} WHERE name = "
+            f"'{OPERATOR_HOLD}' AND expires_at > {now}) ON CONFLICT (name) DO UPDATE SET "
+            "expires_at = excluded.expires_at"
+        ),
+        renew_batch=dialect.q(
+            f"UPDATE {LEASE_TABLE} SET expires_at = {now} + ? WHERE name = '{BATCH_PREFIX}' || ?"
+        ),
+        end_batch=dialect.q(f"DELETE FROM {LEASE_TABLE} WHERE name = '{BATCH_PREFIX}' || ?"),
     )
 
 

@@ -14,6 +14,7 @@ from rmqkit.store import Dialect, Dsn, connect, transaction
 
 TABLE: Final = "rmqkit_outbox"
 LEASE_TABLE: Final = "rmqkit_outbox_lease"  # SQLite: which relay may publish (one at a time)
+DISCARDED_TABLE: Final = "rmqkit_outbox_discarded"  # `rmqkit outbox discard`'s audit trail
 CHANNEL: Final = "rmqkit_outbox"  # PostgreSQL NOTIFY channel: a commit added rows
 # PostgreSQL: ``add`` takes this shared advisory lock (first key; the second is
 # ``hashtext(aggregate)``) until its transaction ends; a relay claims an aggregate's rows only
@@ -76,6 +77,29 @@ END $$""",
             f"FOR EACH STATEMENT EXECUTE FUNCTION {TABLE}_notify()",
         ]
     return statements
+
+
+def discarded_ddl(dialect: Dialect) -> str:
+    """The audit table of ``rmqkit outbox discard``: each discarded row as it was, and when, by
+        whom and why it was discarded. Created by the first discard (in its transaction), so a table
+    from before ``discard`` existed needs no migration; not part of ``ddl``."""
+    return f"""CREATE TABLE IF NOT EXISTS {DISCARDED_TABLE} (
+    id BIGINT NOT NULL,
+    message_id TEXT NOT NULL,
+    exchange TEXT NOT NULL,
+    routing_key TEXT NOT NULL,
+    body {dialect.blob} NOT NULL,
+    headers TEXT,
+    content_type TEXT,
+    aggregate TEXT,
+    created_at {dialect.float_type} NOT NULL,
+    attempts INTEGER NOT NULL,
+    last_attempt_at {dialect.float_type},
+    last_error TEXT,
+    discarded_at {dialect.float_type} NOT NULL,
+    discarded_by TEXT NOT NULL,
+    reason TEXT
+)"""
 
 
 ADDED_COLUMNS: Final = (("delay_ms", "BIGINT"),)

@@ -1,7 +1,7 @@
 """Several relays, a relay killed between confirm and mark, SIGTERM: real PostgreSQL and broker.
 
 Counted on the broker side by message_id. The crash window is widened with the relay's test-only
-hook (RMQKIT_OUTBOX_TEST_PAUSE_BEFORE_MARK, rmqkit/outbox/relay.py), which sleeps between a
+hook (RMQKIT_OUTBOX_TEST_PAUSE_BEFORE_MARK, rmqkit/outbox/batch.py), which sleeps between a
 batch's confirms and its marks after touching a marker file.
 """
 

@@ -71,7 +71,7 @@ def test_sqlite_table_without_the_column_is_migrated_by_init(tmp_path: Path) -> 
     conn.commit()
     assert _delays(conn) == [None, 5000]
     rows = conn.execute(queries_for(SQLITE).claim_due, (10,)).fetchall()
-    assert [r[9] for r in rows] == [None, 5000] and all(0 <= r[10] < 60_000 for r in rows)
+    assert [r[9] for r in rows] == [None, 5000] and all(0 <= r[11] < 60_000 for r in rows)
 
 
 def test_postgresql_table_without_the_column_is_migrated_by_init(pg_dsn: str) -> None:  # noqa: F811
@@ -85,7 +85,7 @@ def test_postgresql_table_without_the_column_is_migrated_by_init(pg_dsn: str) ->
         assert _delays(conn) == [None, 7000]
         claim = POSTGRESQL.q(queries_for(POSTGRESQL).claim_due)
         rows = conn.execute(claim, (10,)).fetchall()
-        assert [r[9] for r in rows] == [None, 7000] and all(0 <= r[10] < 60_000 for r in rows)
+        assert [r[9] for r in rows] == [None, 7000] and all(0 <= r[11] < 60_000 for r in rows)
 
 
 def test_async_and_sqlalchemy_writers_store_delay_and_ciphertext(tmp_path: Path) -> None:
