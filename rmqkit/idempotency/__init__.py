@@ -18,8 +18,6 @@ own writes gives exactly one effect per message (seeds 003 and 004). Public API:
 The consumer side is described in docs/idempotency.md.
 """
 
-from rmqkit.idempotency.jobs import HandlerEnd, LaneOptions, OrderKey, Verdict
-from rmqkit.idempotency.lanes import DedupeLanes
 from rmqkit.idempotency.maintenance import (
     DEFAULT_BATCH,
     DedupeStatus,
@@ -39,6 +37,8 @@ from rmqkit.idempotency.schema import (
     schema_statements,
 )
 from rmqkit.idempotency.upgrade import InitResult, Upgrade, init_store
+from rmqkit.idempotency.work import HandlerEnd, LaneOptions, OrderKey, Verdict
+from rmqkit.idempotency.workers import DedupeLanes
 
 __all__ = [
     "DEFAULT_BATCH",

@@ -38,7 +38,8 @@ from typing import Any, Generic, TypeVar
 from rmqkit.errors import ConfigError
 from rmqkit.guard import VERSIONS_TABLE, apply_sql, lock_keys_sql
 from rmqkit.idempotency.connections import LaneConnection, open_lane_connection
-from rmqkit.idempotency.jobs import (
+from rmqkit.idempotency.record import forget_sql, insert_many, recorded_sql
+from rmqkit.idempotency.work import (
     Abandoned,
     Batch,
     Claim,
@@ -48,7 +49,6 @@ from rmqkit.idempotency.jobs import (
     OrderKey,
     Verdict,
 )
-from rmqkit.idempotency.record import forget_sql, insert_many, recorded_sql
 from rmqkit.store import Dsn, as_dsn, dialect_for, map_db_error
 
 log = logging.getLogger("rmqkit.consumer")

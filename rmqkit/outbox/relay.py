@@ -39,13 +39,13 @@ from typing import Any, Final
 from rmqkit.broker.session import CONNECTION_ERRORS, Outcome
 from rmqkit.errors import BrokerUnavailable, ConfigError, RmqkitError
 from rmqkit.outbox.amqp import Broker, Row
-from rmqkit.outbox.edge import Edge, Encryptor
 from rmqkit.outbox.metrics import RelayMetrics
 from rmqkit.outbox.options import RelayOptions, RelayReport, parse_retention
 from rmqkit.outbox.queries import RETENTION_CHUNK, ids_in, queries_for
 from rmqkit.outbox.rows import planner, route_rows
 from rmqkit.outbox.schema import CHANNEL, REQUIRED_COLUMNS, TABLE, probe_sql, shape_error
 from rmqkit.outbox.stopping import GraceOver, Stopping
+from rmqkit.publishing.routing import Edge, Encryptor
 from rmqkit.settings import Settings
 from rmqkit.store import AsyncConnection, Store, map_db_error, open_connection_async
 from rmqkit.store import transaction_async as db_transaction

@@ -1,5 +1,5 @@
 """The outbox relay's rows as they are published (``relay --topology``, ``add(delay=...)``):
-each to its lane or through the delay ladder (rmqkit.outbox.edge), and a row that must not or
+each to its lane or through the delay ladder (rmqkit.publishing.routing), and a row that must not or
 cannot go out as it is marked with its ``routing_problem`` (it stays pending with that error).
 
 A delayed row is published into the ladder only once the exit to its target has been declared
@@ -24,7 +24,7 @@ from dataclasses import replace
 from rmqkit.broker.session import Session
 from rmqkit.errors import DataError
 from rmqkit.outbox.amqp import Row
-from rmqkit.outbox.edge import Edge, Encryptor, Routed
+from rmqkit.publishing.routing import Edge, Encryptor, Routed
 
 
 async def route_rows(edge: Edge, guard: Encryptor, session: Session, rows: list[Row]) -> list[Row]:

@@ -23,7 +23,7 @@ from rmqkit.outbox.schema import AGGREGATE_WRITE_LOCK_SPACE, TABLE
 from rmqkit.store import AsyncSQLiteConnection, dialect_of
 
 if TYPE_CHECKING:
-    from rmqkit.outbox.edge import Encryptor
+    from rmqkit.publishing.routing import Encryptor
 
 Delay = timedelta | str | None
 

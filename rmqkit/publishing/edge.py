@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rmqkit.errors import DataError
 
 if TYPE_CHECKING:  # `rmqkit publish` without --topology/--delay loads neither crypto nor topology
-    from rmqkit.outbox.edge import Edge, Encryptor, Routed
+    from rmqkit.publishing.routing import Edge, Encryptor, Routed
 
 
 class SensitiveIdError(DataError):

@@ -7,7 +7,7 @@
 Every message is sent on one channel in confirm mode through ``ConfirmedPublisher`` (returns
 matched exactly, ``window`` publishes in flight, the frames of a batch in one write). With a
 topology, each message goes to its lane, gets its delay through the delay ladder and has its
-sensitive fields encrypted (``rmqkit.outbox.edge``: the same edge as ``rmqkit publish`` and
+sensitive fields encrypted (``rmqkit.publishing.routing``: the same edge as ``rmqkit publish`` and
 the outbox relay); a pydantic model body is its JSON by alias with its ``rmqkit.Sensitive``
 fields encrypted. A lost connection is reopened (the configured URLs in order, backoff with
 jitter) and the unsettled messages are sent again under the same message_ids: a message is
@@ -30,10 +30,10 @@ from rmqkit.broker.confirms import Outcome
 from rmqkit.broker.session import DEFAULT_WINDOW, Channel, Session, open_session
 from rmqkit.crypto import KeyRing, load_keyring
 from rmqkit.errors import DataError, PublisherClosed, RmqkitError
-from rmqkit.outbox.edge import Edge, Encryptor
 from rmqkit.publishing.engine import size_limit
 from rmqkit.publishing.prepare import Delay, Prepared, PublishMessage, prepare
 from rmqkit.publishing.results import PublishResult, failure
+from rmqkit.publishing.routing import Edge, Encryptor
 from rmqkit.settings import Settings, load_settings
 from rmqkit.topology import Topology
 

@@ -1,9 +1,9 @@
 """The publishing edge a topology defines (issues 15 and 16): lanes, delays, encrypted fields.
 
 Shared by ``rmqkit publish --topology/--delay`` (rmqkit/cli/publish.py), ``rmqkit.outbox.add(...,
-encryptor=, delay=)`` and ``rmqkit outbox relay --topology``. It sits in the outbox layer (rank 3)
-because it needs the topology, the delay ladder and the crypto library below it, and both the
-publish command and the outbox use it (docs/outbox.md, docs/delay.md "Wiring").
+encryptor=, delay=)`` and ``rmqkit outbox relay --topology``. The publishing layer (rank 3, beside
+the outbox) holds it: it needs the topology, the delay ladder and the crypto library below it,
+and both the publishers and the outbox use it (docs/outbox.md, docs/delay.md "Wiring").
 
 - ``Encryptor``: which fields of a message to encrypt, from the work queues its exchange and
   routing key reach (``encrypt = true``: their ``sensitive_fields``, with ``blind_index``), a

@@ -34,8 +34,8 @@ from rmqkit.publishing.inputs import OutgoingMessage
 if TYPE_CHECKING:  # without a topology or delay neither crypto nor topology is loaded
     from rmqkit.broker.session import Session
     from rmqkit.crypto import KeyRing
-    from rmqkit.outbox.edge import Edge, Encryptor, Routed
     from rmqkit.publishing.engine import PublishReport
+    from rmqkit.publishing.routing import Edge, Encryptor, Routed
     from rmqkit.settings import Settings
     from rmqkit.topology import Topology
 
@@ -68,7 +68,7 @@ class PublishEdge:
         if topology is None and delay_ms is None:
             return None
         from rmqkit.crypto import load_keyring
-        from rmqkit.outbox.edge import Edge, Encryptor
+        from rmqkit.publishing.routing import Edge, Encryptor
         from rmqkit.topology import Topology, load_topology
 
         spec = None

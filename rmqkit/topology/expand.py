@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import TopologyFileError
-from rmqkit.topology import flow
+from rmqkit.topology import lanes
 from rmqkit.topology.ladder import default_ladder, delay_targets
 from rmqkit.topology.model import BUILTIN_EXCHANGE_PREFIX, QueueModel, Topology
 from rmqkit.topology.summary import WorkQueueSummary, summarize
@@ -226,7 +226,7 @@ def _partition_objects(topology: Topology, name: str) -> tuple[ExchangeSpec, lis
     """The consistent-hash exchange of a partitioned work queue and its bindings: weight 1 to
     each partition, and the file's ``bind`` entries re-pointed at it (exchange-to-exchange)."""
     spec = topology.model.queues[name]
-    exchange = flow.partition_exchange_name(name)
+    exchange = lanes.partition_exchange_name(name)
     bindings = [
         # the routing key of a consistent-hash binding is the partition's weight
         BindingSpec(exchange, queue, "queue", PARTITION_WEIGHT)

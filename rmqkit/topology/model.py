@@ -21,8 +21,8 @@ from pydantic import (
 from rmqkit.delay.ladder import DEFAULT_BITS, DEFAULT_UNIT_MS
 from rmqkit.durations import format_duration_ms, parse_delay_ms, parse_duration_ms
 from rmqkit.errors import TopologyFileError
-from rmqkit.topology import flow
-from rmqkit.topology.locate import find_line, key_path, pydantic_message
+from rmqkit.topology import lanes
+from rmqkit.topology.sources import find_line, key_path, pydantic_message
 
 BUILTIN_EXCHANGE_PREFIX = "amq."
 
@@ -226,7 +226,7 @@ class Topology:
     def __init__(self, model: TopologyModel, source: str) -> None:
         self.model = model
         self.source = source
-        self._derived = flow.derived_queues(model)
+        self._derived = lanes.derived_queues(model)
 
     def parent_of(self, queue: str) -> str | None:
         """The file's work queue that ``queue`` is (itself) or serves (a lane or partition)."""
@@ -261,8 +261,8 @@ class Topology:
             "partition_key": None,
             "bind": [],
         }
-        lane = name.removeprefix(flow.lane_queue_name(parent, ""))
-        if name.startswith(flow.lane_queue_name(parent, "")) and lane in spec.lanes:
+        lane = name.removeprefix(lanes.lane_queue_name(parent, ""))
+        if name.startswith(lanes.lane_queue_name(parent, "")) and lane in spec.lanes:
             update["prefetch"] = spec.lanes[lane].prefetch or spec.prefetch
         else:
             update["single_active_consumer"] = True
@@ -279,32 +279,32 @@ class Topology:
         """The main wait queue of one delay tier (TTL = the full delay)."""
         return f"{queue}.wait.{format_duration_ms(delay_ms)}"
 
-    def lanes_of(self, work_queue: str) -> list[flow.LaneSpec]:
+    def lanes_of(self, work_queue: str) -> list[lanes.LaneSpec]:
         """The lanes of a file's work queue, in match order ([] without lanes)."""
-        return flow.lane_specs(work_queue, self.model.queues[work_queue])
+        return lanes.lane_specs(work_queue, self.model.queues[work_queue])
 
     def lane_for(self, work_queue: str, headers: Mapping[str, Any] | None, body_size: int) -> str:
         """The queue to publish a message for ``work_queue`` to: its first matching lane's
         queue, else ``work_queue`` itself."""
-        return flow.choose_lane(work_queue, self.model.queues[work_queue], headers, body_size)
+        return lanes.choose_lane(work_queue, self.model.queues[work_queue], headers, body_size)
 
     def partitions_of(self, work_queue: str) -> list[str]:
         """The partition queues of a partitioned work queue, p0 first ([] if not partitioned)."""
         count = self.model.queues[work_queue].partitions or 0
-        return [flow.partition_queue_name(work_queue, i) for i in range(count)]
+        return [lanes.partition_queue_name(work_queue, i) for i in range(count)]
 
     def partition_exchange(self, work_queue: str) -> str | None:
         """The consistent-hash exchange of a partitioned work queue (None if not partitioned)."""
         if not self.model.queues[work_queue].partitions:
             return None
-        return flow.partition_exchange_name(work_queue)
+        return lanes.partition_exchange_name(work_queue)
 
     def work_queues_for(
         self, exchange: str, routing_key: str, headers: Mapping[str, Any] | None = None
     ) -> list[str]:
         """The file's work queues (parents, as named in the file) a publish would reach;
         ``headers`` only matter for headers exchanges."""
-        return flow.work_queues_for(self.model, exchange, routing_key, headers)
+        return lanes.work_queues_for(self.model, exchange, routing_key, headers)
 
 
 def parse_topology(text: str, source: str) -> Topology:
@@ -365,9 +365,9 @@ def _check_references(topology: Topology, text: str) -> None:
                 f"delay must be above zero and at most {format_duration_ms(MAX_DEFAULT_DELAY_MS)}"
                 " (the delay ladder's reach)",
             )
-    for where, problem in flow.flow_problems(model):
+    for where, problem in lanes.flow_problems(model):
         fail(where, problem)
-    for name, parent in flow.derived_queues(model).items():
+    for name, parent in lanes.derived_queues(model).items():
         if name in work or name in generated:
             fail(("queues", parent), f"lane or partition queue {name!r} clashes with another queue")
         generated[name] = parent
@@ -388,7 +388,7 @@ def _check_references(topology: Topology, text: str) -> None:
             )
     partitioned = {q for q, spec in model.queues.items() if spec.partitions}
     queues_all = (work - partitioned) | {topology.parking_name(q) for q in work} | set(generated)
-    exchanges_all = set(model.exchanges) | {flow.partition_exchange_name(q) for q in partitioned}
+    exchanges_all = set(model.exchanges) | {lanes.partition_exchange_name(q) for q in partitioned}
     for index, binding in enumerate(model.bindings):
         if not exchange_known(binding.source):
             fail(
@@ -400,7 +400,7 @@ def _check_references(topology: Topology, text: str) -> None:
             fail(
                 ("bindings", index, "destination"),
                 f"{binding.destination!r} is partitioned, not a queue: bind to its exchange "
-                f"{flow.partition_exchange_name(binding.destination)!r} (destination_type = "
+                f"{lanes.partition_exchange_name(binding.destination)!r} (destination_type = "
                 '"exchange")',
             )
         if binding.destination not in known:

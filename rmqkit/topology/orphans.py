@@ -8,7 +8,7 @@ import shlex
 from typing import Any
 
 from rmqkit.topology.expand import POLICY_PREFIX, DesiredState
-from rmqkit.topology.flow import PARTITION_EXCHANGE_SUFFIX
+from rmqkit.topology.lanes import PARTITION_EXCHANGE_SUFFIX
 from rmqkit.topology.live import Change, LiveState, queue_settings
 
 # The shapes of the names rmqkit derives from a work queue W (after "W"): a wait queue of a

@@ -92,11 +92,11 @@ AUDITED: dict[tuple[str, str], str] = {
         "a delegation: each call of Channel.reject is audited where it is made"
     ),
     # --- dedupe lanes: verdicts handed back to the dispatcher, which acks through _finished ----
-    ("idempotency/jobs.py", "self.future.set_result((verdict, outcome))"): (
+    ("idempotency/work.py", "self.future.set_result((verdict, outcome))"): (
         "a lane's verdict for one delivery, set only after its batch's COMMIT returned (or the "
         "rollback: ROLLED_BACK → the retry/park decision) — test_idempotency_lanes.py"
     ),
-    ("idempotency/lanes.py", "claim.future.set_result((batch, fresh))"): (
+    ("idempotency/workers.py", "claim.future.set_result((batch, fresh))"): (
         "hands the claim (new id or duplicate) to the delivery; its verdict waits for the "
         "batch's COMMIT (Batch.committed) — test_idempotency_lanes.py"
     ),

@@ -25,10 +25,11 @@ RANK = {
     "outbox": 3,  # the relay publishes through publish/broker and reads rows through store
     "idempotency": 3,  # the consumer records message ids through it
     "topology": 2,
-    # rmqkit.publishing (rmqkit.Publisher, `rmqkit publish`'s engine) publishes through the
-    # outbox's edge (lanes, delays, encryption); rmqkit/publish.py re-exports it for the CLI
-    "publishing": 4,
-    "publish": 4,
+    # rmqkit.publishing (rmqkit.Publisher, `rmqkit publish`'s engine) owns the publishing edge
+    # (publishing/routing.py: lanes, delays, encryption) that the outbox's relay and add() use
+    # too, so it sits beside the outbox; rmqkit/publish.py re-exports it for the CLI
+    "publishing": 3,
+    "publish": 3,
     "guard": 2,  # rmqkit.guard: apply_if_newer, on a store transaction
     "broker": 1,
     "store": 1,  # database connections (SQLite, PostgreSQL): beside broker, not above it
