@@ -2,7 +2,7 @@
 
 ``decide(outcome, headers, policy, ...)`` looks only at its arguments (the clock, host, pid and
 random source are passed in), so every branch is unit-tested without a broker. The runner carries
-a Retry or Park out by publishing a copy of the message (same body and properties, message_id
+a RetryLater or Park out by publishing a copy of the message (same body and properties, message_id
 untouched, the decision's headers) to ``target_queue`` through the default exchange with confirms
 and ``mandatory``, and acks the original only after the copy is confirmed.
 
@@ -33,14 +33,14 @@ from typing import Any
 from rmqkit import headers as h
 from rmqkit.consumer.attempts import DeathEvent, DeathReason, attempt_number, read_x_death
 from rmqkit.consumer.outcomes import (
+    DecryptFailed,
     Failed,
+    HandlerOutcome,
     HandlerTimeout,
     MissingMessageId,
-    Outcome,
     Success,
     TooLarge,
     Undecodable,
-    Undecryptable,
     UnroutableType,
     qualified_type_name,
 )
@@ -134,7 +134,7 @@ class Ack:
 
 
 @dataclass(frozen=True)
-class Retry:
+class RetryLater:
     """Publish a copy with ``headers`` to the wait queue ``target_queue``, then ack the original."""
 
     target_queue: str
@@ -154,7 +154,7 @@ class Park:
     reason: h.ParkingReason
 
 
-Decision = Ack | Retry | Park
+Decision = Ack | RetryLater | Park
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class _Error:
 
 
 def decide(
-    outcome: Outcome,
+    outcome: HandlerOutcome,
     headers: Mapping[str, Any] | None,
     policy: QueuePolicy,
     *,
@@ -204,7 +204,7 @@ def decide(
     if isinstance(outcome, TooLarge):
         message = f"body is {outcome.size_bytes} bytes, the limit is {outcome.limit_bytes} bytes"
         return context.park(h.ParkingReason.TOO_LARGE, _Error(outcome.error_type, message, ""))
-    if isinstance(outcome, Undecryptable):
+    if isinstance(outcome, DecryptFailed):
         # Never retried: a key that is missing or a ciphertext that was altered stays so.
         error = _Error(outcome.error_type, outcome.detail, "")
         return context.park(h.ParkingReason.UNDECRYPTABLE, error)
@@ -313,13 +313,13 @@ class _CopyContext:
         delay_ms: int,
         error: _Error,
         expiration_ms: int | None = None,
-    ) -> Retry:
+    ) -> RetryLater:
         copy = self._failure_headers(error)
         copy.pop(h.PARK_REASON, None)
         copy.pop(h.TRACEBACK, None)
         copy[h.RETRY_TIER] = tier
         copy[h.RETRY_DELAY_MS] = delay_ms
-        return Retry(
+        return RetryLater(
             target_queue=target,
             headers=copy,
             tier_index=tier,
@@ -417,17 +417,17 @@ def _existing_text(value: object) -> str | None:
 __all__ = [
     "Ack",
     "Decision",
+    "DecryptFailed",
     "Failed",
+    "HandlerOutcome",
     "HandlerTimeout",
     "MissingMessageId",
-    "Outcome",
     "Park",
     "QueuePolicy",
-    "Retry",
+    "RetryLater",
     "Success",
     "TooLarge",
     "Undecodable",
-    "Undecryptable",
     "decide",
     "internal_error_park",
     "qualified_type_name",

@@ -9,7 +9,7 @@ one scope.
 
 ``DedupeStep.handle(message)`` replaces the plain handler run on the dispatch path when the flag
 is on (nothing here runs without it). It hands the handler call to rmqkit.idempotency's
-``DedupeLanes``, which batches several deliveries per transaction, and turns the verdict into
+``DedupeWorkers``, which batches several deliveries per transaction, and turns the verdict into
 the outcome the dispatcher settles:
 
 * applied → the handler's own outcome (Success: committed, then acked);
@@ -33,7 +33,7 @@ from time import perf_counter
 from typing import Any
 
 from rmqkit.consumer.config import ConsumerConfig, DedupeConfig
-from rmqkit.consumer.decision import Failed, HandlerTimeout, Outcome, Success, Undecodable
+from rmqkit.consumer.decision import Failed, HandlerOutcome, HandlerTimeout, Success, Undecodable
 from rmqkit.consumer.handler import LoadedHandler, run_handler
 from rmqkit.consumer.logs import current_message
 from rmqkit.consumer.message import Message
@@ -42,11 +42,11 @@ from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.errors import ConfigError, UsageError
 from rmqkit.guard import NO_VERSION, order_key
 from rmqkit.idempotency import (
-    DedupeLanes,
+    DedupeVerdict,
+    DedupeWorkers,
     HandlerEnd,
-    LaneOptions,
     OrderKey,
-    Verdict,
+    WorkerOptions,
     default_scope,
     require_current,
 )
@@ -113,7 +113,7 @@ def dedupe_config(
     )
 
 
-def _judge(outcome: Outcome) -> HandlerEnd:
+def _judge(outcome: HandlerOutcome) -> HandlerEnd:
     if type(outcome) is Success:
         return HandlerEnd.OK
     if type(outcome) is HandlerTimeout:
@@ -141,8 +141,8 @@ class DedupeStep:
         dedupe = config.dedupe
         self._key_header = dedupe.order_key_header
         self._version_header = dedupe.order_version_header
-        self.lanes: DedupeLanes[Outcome] = DedupeLanes(
-            LaneOptions(
+        self.lanes: DedupeWorkers[HandlerOutcome] = DedupeWorkers(
+            WorkerOptions(
                 dsn=dedupe.dsn,
                 queue=config.queue,
                 scope=dedupe.scope,
@@ -187,7 +187,7 @@ class DedupeStep:
             )
         return OrderKey(key, version)
 
-    async def handle(self, message: Message) -> Outcome:
+    async def handle(self, message: Message) -> HandlerOutcome:
         """Run the handler on ``message`` inside its transaction; the outcome to settle."""
         order: OrderKey | None = None
         if self._key_header is not None:
@@ -198,7 +198,7 @@ class DedupeStep:
         handler, config = self.handler, self.config
         context = (message.message_id, message.attempt)
 
-        async def call(tx: Any) -> Outcome:
+        async def call(tx: Any) -> HandlerOutcome:
             current_message.set(context)  # the lane's task: log lines name this message
             started = perf_counter()
             outcome = await run_handler(
@@ -218,11 +218,11 @@ class DedupeStep:
         except Exception as exc:  # the store failed: transient, retried via the wait queues
             log.warning("dedupe store failed: %s: %s", type(exc).__name__, exc)
             return Failed.from_exception(exc)
-        if verdict is Verdict.DUPLICATE:
+        if verdict is DedupeVerdict.DUPLICATE:
             self.metrics.duplicate()
             log.info("duplicate: already processed, acked without calling the handler")
             return _SUCCESS
-        if verdict is Verdict.STALE:
+        if verdict is DedupeVerdict.STALE:
             self.metrics.stale()
             log.info(
                 "stale: version %s of %r is not newer than the one applied; acked",

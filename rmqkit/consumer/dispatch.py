@@ -34,13 +34,13 @@ from rmqkit.consumer.conflation import Conflation, key_of
 from rmqkit.consumer.copies import CopySender
 from rmqkit.consumer.decision import (
     Ack,
+    DecryptFailed,
     Failed,
     HandlerTimeout,
     MissingMessageId,
     Success,
     TooLarge,
     Undecodable,
-    Undecryptable,
     decide,
 )
 from rmqkit.consumer.dedupe import DedupeStep
@@ -226,7 +226,7 @@ class Dispatcher:
                 # as is, without a parse). The copies below publish delivered.body: ciphertext.
                 body = decrypt_fields(body, None, self.keyring, first=config.encrypted_fields)
             except UndecryptableField as exc:
-                outcome = Undecryptable(str(exc), exc.reason)
+                outcome = DecryptFailed(str(exc), exc.reason)
             else:
                 outcome = await self._handle_message(
                     delivered, body, headers, attempt, tracker, tag

@@ -21,7 +21,7 @@ from rmqkit.headers import public_type_name
 
 if TYPE_CHECKING:
     from rmqkit.consumer.config import ConsumerConfig
-    from rmqkit.consumer.decision import Park, Retry
+    from rmqkit.consumer.decision import Park, RetryLater
 
 __all__ = ["OutcomeEvent", "OutcomeKind", "copy_event", "internal_error_event", "success_event"]
 
@@ -84,7 +84,7 @@ def copy_event(
     config: ConsumerConfig,
     message_id: str | None,
     attempt: int,
-    decision: Retry | Park,
+    decision: RetryLater | Park,
     outcome: object,
 ) -> OutcomeEvent:
     """The event of a retry or park ``decision``: its error as the copy's headers record it
@@ -104,7 +104,7 @@ def copy_event(
     reason = getattr(decision, "reason", None)
     if reason is not None:
         return OutcomeEvent("park", queue, message_id, attempt, reason=reason.value, **common)
-    retry: Retry = decision  # type: ignore[assignment]
+    retry: RetryLater = decision  # type: ignore[assignment]
     waited_ms = retry.expiration_ms if retry.expiration_ms is not None else retry.delay_ms
     tier = tier_names[retry.tier_index] if retry.tier_index < len(tier_names) else None
     return OutcomeEvent(

@@ -1,11 +1,11 @@
 """Handlers run with their message id recorded in the same transaction, several per commit.
 
-``DedupeLanes`` is what ``rmqkit consume --dedupe`` runs each delivery through. Deliveries
+``DedupeWorkers`` is what ``rmqkit consume --dedupe`` runs each delivery through. Deliveries
 queue up; each of ``connections`` lanes (one database connection each) takes what is queued
 (up to ``batch``) and handles it in **one** transaction:
 
 1. ``BEGIN`` (SQLite: ``BEGIN IMMEDIATE``, the write lock up front);
-2. record every id of the batch in the lanes' scope (``LaneOptions.scope``: the same id in
+2. record every id of the batch in the lanes' scope (``WorkerOptions.scope``: the same id in
    another scope is another consumer's) with one ``INSERT … ON CONFLICT DO NOTHING RETURNING``, ids
    sorted so that two lanes (or two consumers) lock them in the same order and cannot deadlock
    on them; an id that is not returned was already recorded — committed by someone else, or
@@ -43,11 +43,11 @@ from rmqkit.idempotency.work import (
     Abandoned,
     Batch,
     Claim,
+    DedupeVerdict,
     HandlerEnd,
     Job,
-    LaneOptions,
     OrderKey,
-    Verdict,
+    WorkerOptions,
 )
 from rmqkit.store import Dsn, as_dsn, dialect_for, map_db_error
 
@@ -57,14 +57,14 @@ _SAVEPOINT = "rmqkit_message"
 _REOPEN_PAUSE_S = 0.5  # a database that refuses connections is not asked again at once
 
 
-class DedupeLanes(Generic[R]):
+class DedupeWorkers(Generic[R]):
     """Run handler calls with their ids recorded in the same transaction (module docstring).
 
     ``judge(outcome)`` says whether a call's outcome commits, rolls back, or abandoned the
     connection. Use from one event loop; ``start`` before ``run``, ``close`` at the end.
     """
 
-    def __init__(self, options: LaneOptions, judge: Callable[[R], HandlerEnd]) -> None:
+    def __init__(self, options: WorkerOptions, judge: Callable[[R], HandlerEnd]) -> None:
         self.options = options
         self._dsn: Dsn = as_dsn(options.dsn)
         self._dialect = dialect_for(self._dsn.backend)
@@ -114,7 +114,7 @@ class DedupeLanes(Generic[R]):
 
     async def run(
         self, message_id: str, call: Callable[[Any], Awaitable[R]], order: OrderKey | None = None
-    ) -> tuple[Verdict, R | None]:
+    ) -> tuple[DedupeVerdict, R | None]:
         """Handle one message: ``call(tx)`` runs its handler (``tx`` is the transaction's
         connection when the handler takes one, else None) unless it is a duplicate or stale.
         Returns the verdict and the call's outcome (None when not called); raises the store's
@@ -122,7 +122,7 @@ class DedupeLanes(Generic[R]):
         loop = asyncio.get_running_loop()
         if not self._savepoints:
             return await self._run_claimed(loop, message_id, call)
-        future: asyncio.Future[tuple[Verdict, R | None]] = loop.create_future()
+        future: asyncio.Future[tuple[DedupeVerdict, R | None]] = loop.create_future()
         self._queue.put_nowait(Job(message_id, order, call, future))
         return await future
 
@@ -131,7 +131,7 @@ class DedupeLanes(Generic[R]):
         loop: asyncio.AbstractEventLoop,
         message_id: str,
         call: Callable[[Any], Awaitable[R]],
-    ) -> tuple[Verdict, R | None]:
+    ) -> tuple[DedupeVerdict, R | None]:
         """Without savepoints the handler runs here, in the delivery's own task (no task per
         message): a lane records the id and keeps the transaction open until every handler of
         its batch has reported, then commits; the verdict comes after the commit."""
@@ -139,7 +139,7 @@ class DedupeLanes(Generic[R]):
         self._queue.put_nowait(Claim(message_id, claim))
         batch, new = await claim
         if not new:
-            return Verdict.DUPLICATE, None
+            return DedupeVerdict.DUPLICATE, None
         ok = False
         try:
             outcome = await call(None)
@@ -149,7 +149,7 @@ class DedupeLanes(Generic[R]):
         await batch.committed.wait()
         if batch.error is not None:
             raise batch.error
-        return (Verdict.APPLIED if ok else Verdict.ROLLED_BACK), outcome
+        return (DedupeVerdict.APPLIED if ok else DedupeVerdict.ROLLED_BACK), outcome
 
     # --- lanes ----------------------------------------------------------------------------
     async def _open(self) -> LaneConnection:
@@ -186,7 +186,7 @@ class DedupeLanes(Generic[R]):
             results = await self._transaction(conn, jobs)
         except Abandoned as abandoned:
             await conn.abandon()
-            abandoned.job.resolve(Verdict.ROLLED_BACK, abandoned.outcome)
+            abandoned.job.resolve(DedupeVerdict.ROLLED_BACK, abandoned.outcome)
             rest = [job for job in jobs if job is not abandoned.job]
             return await self._one_by_one(None, rest)
         except asyncio.CancelledError:
@@ -264,7 +264,7 @@ class DedupeLanes(Generic[R]):
 
     async def _transaction(
         self, conn: LaneConnection, jobs: list[Job[R]]
-    ) -> list[tuple[Verdict, R | None]]:
+    ) -> list[tuple[DedupeVerdict, R | None]]:
         dialect, scope, queue = self._dialect, self._scope, self.options.queue
         await conn.execute(self._begin)
         sql, params = insert_many(dialect, sorted({job.message_id for job in jobs}), scope, queue)
@@ -276,7 +276,9 @@ class DedupeLanes(Generic[R]):
                     await conn.fetch(statement, [scope, keys])
                 else:
                     await conn.execute(statement, [scope, keys])
-        results: list[tuple[Verdict, R | None]] = [(Verdict.DUPLICATE, None)] * len(jobs)
+        results: list[tuple[DedupeVerdict, R | None]] = [(DedupeVerdict.DUPLICATE, None)] * len(
+            jobs
+        )
         pending: list[int] = []
         for index, job in enumerate(jobs):
             if job.message_id in new:
@@ -329,15 +331,15 @@ class DedupeLanes(Generic[R]):
 
     async def _settle(
         self, conn: LaneConnection, job: Job[R], outcome: R
-    ) -> tuple[Verdict, R | None]:
+    ) -> tuple[DedupeVerdict, R | None]:
         if self._judge(outcome) is HandlerEnd.OK:
-            return Verdict.APPLIED, outcome
+            return DedupeVerdict.APPLIED, outcome
         await conn.execute(forget_sql(self._dialect), (self._scope, job.message_id))
-        return Verdict.ROLLED_BACK, outcome
+        return DedupeVerdict.ROLLED_BACK, outcome
 
     async def _in_savepoint(
         self, conn: LaneConnection, job: Job[R], previous_open: bool
-    ) -> tuple[Verdict, R | None]:
+    ) -> tuple[DedupeVerdict, R | None]:
         if not previous_open:
             await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
         elif self._dialect.name == "postgresql":  # two statements, one round trip
@@ -350,22 +352,22 @@ class DedupeLanes(Generic[R]):
                 apply_sql(self._dialect), (self._scope, job.order.key, job.order.version)
             )
             if applied != 1:
-                return Verdict.STALE, None
+                return DedupeVerdict.STALE, None
         outcome = await job.call(conn.handle if self.options.pass_transaction else None)
         end = self._judge(outcome)
         if end is HandlerEnd.OK:
-            return Verdict.APPLIED, outcome
+            return DedupeVerdict.APPLIED, outcome
         if end is HandlerEnd.ABANDONED and self.options.pass_transaction:
             raise Abandoned(job, outcome)
         # Back to the start of this message: its writes and the guard's version are undone;
         # the id was recorded before the savepoint, so it is deleted explicitly.
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
         await conn.execute(forget_sql(self._dialect), (self._scope, job.message_id))
-        return Verdict.ROLLED_BACK, outcome
+        return DedupeVerdict.ROLLED_BACK, outcome
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-__all__ = ["DedupeLanes", "HandlerEnd", "LaneOptions", "OrderKey", "Verdict"]
+__all__ = ["DedupeVerdict", "DedupeWorkers", "HandlerEnd", "OrderKey", "WorkerOptions"]

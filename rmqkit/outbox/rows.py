@@ -24,7 +24,7 @@ from dataclasses import replace
 from rmqkit.broker.session import Session
 from rmqkit.errors import DataError
 from rmqkit.outbox.amqp import Row
-from rmqkit.publishing.routing import Edge, Encryptor, Routed
+from rmqkit.publishing.routing import Edge, Encryptor, PublishRoute
 
 
 async def route_rows(edge: Edge, guard: Encryptor, session: Session, rows: list[Row]) -> list[Row]:
@@ -34,14 +34,14 @@ async def route_rows(edge: Edge, guard: Encryptor, session: Session, rows: list[
     if edge.topology is None and all(row.delay_ms is None for row in rows):
         return rows
     out: list[Row] = []
-    delayed: list[tuple[int, Routed]] = []
+    delayed: list[tuple[int, PublishRoute]] = []
     for row in rows:
         try:
             headers = json.loads(row.headers) if row.headers else None
             bare = guard.plaintext(row.exchange, row.routing_key, row.body, headers)
             if bare is not None:
                 raise DataError(bare)
-            # Routed here only for where it goes (lane, target, the delay asked for, with
+            # PublishRoute here only for where it goes (lane, target, the delay asked for, with
             # nothing deducted); the ladder's headers are planned as it is sent.
             routed = edge.route(
                 row.exchange, row.routing_key, headers, len(row.body), delay_ms=row.delay_ms

@@ -28,10 +28,10 @@ from rmqkit.consumer import handler as handler_module
 from rmqkit.consumer.attempts import attempt_number, delivery_count
 from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, build_config, policy_from_topology
 from rmqkit.consumer.decision import (
+    DecryptFailed,
+    HandlerOutcome,
     MissingMessageId,
-    Outcome,
     TooLarge,
-    Undecryptable,
     decide,
 )
 from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
@@ -366,7 +366,7 @@ async def _outcome(
     correlation_id: str | None,
     redelivered: bool,
     transaction: Any,
-) -> tuple[Outcome, int, int]:
+) -> tuple[HandlerOutcome, int, int]:
     """The handler's outcome, as rmqkit.consumer.dispatch reaches it (same checks, same order),
     with this delivery's attempt number and the broker's delivery count."""
     attempt = attempt_number(headers, config.queue, wait_queues=config.policy.all_wait_queues)
@@ -378,7 +378,7 @@ async def _outcome(
     try:
         opened = decrypt_fields(body, None, None, first=config.encrypted_fields)
     except UndecryptableField as exc:
-        return Undecryptable(str(exc), exc.reason), attempt, deliveries
+        return DecryptFailed(str(exc), exc.reason), attempt, deliveries
     shown_exchange, shown_routing_key = delivered_route(exchange, routing_key, headers)
     message = Message(
         opened,

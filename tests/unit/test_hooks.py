@@ -22,7 +22,7 @@ import pytest
 
 import rmqkit
 from rmqkit import headers as h
-from rmqkit.consumer.decision import Failed, HandlerTimeout, Park, QueuePolicy, Retry, decide
+from rmqkit.consumer.decision import Failed, HandlerTimeout, Park, QueuePolicy, RetryLater, decide
 from rmqkit.consumer.hooks import (
     HookRunner,
     Hooks,
@@ -57,7 +57,7 @@ def event(kind: str = "park", **more: Any) -> OutcomeEvent:
     return OutcomeEvent(kind, "jobs.work", "m-1", 1, **more)  # type: ignore[arg-type]
 
 
-def decided(outcome: Any, headers: dict[str, Any] | None = None) -> Retry | Park:
+def decided(outcome: Any, headers: dict[str, Any] | None = None) -> RetryLater | Park:
     decision = decide(
         outcome,
         headers,
@@ -69,7 +69,7 @@ def decided(outcome: Any, headers: dict[str, Any] | None = None) -> Retry | Park
         pid=1,
         rand=lambda: 0.0,
     )
-    assert isinstance(decision, Retry | Park)
+    assert isinstance(decision, RetryLater | Park)
     return decision
 
 
