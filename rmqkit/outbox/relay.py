@@ -75,7 +75,7 @@ class Relay:
         self.edge = Edge(options.topology)
         # With a topology, rows for queues that encrypt are checked (never encrypted here: the
         # relay holds no key ring, and the table must not hold plaintext in the first place).
-        self.guard = Encryptor(topology=self.edge.topology)
+        self.encryptor = Encryptor(topology=self.edge.topology)
         self.pg = self.store.dialect.name == "postgresql"
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.broker = Broker(settings, window=max(options.batch, 1), name="rmqkit outbox relay")
@@ -301,7 +301,7 @@ class Relay:
     async def _publish(self, rows: list[Row], outcomes: list[Outcome | str | None]) -> list[Row]:
         """Route and publish one batch, ``outcomes`` filled in place; the routed rows."""
         self._routed = None
-        routed = await route_rows(self.edge, self.guard, self.broker.session, rows)
+        routed = await route_rows(self.edge, self.encryptor, self.broker.session, rows)
         self._routed = routed
         await self.broker.publish_in_order(
             routed, pipelined=self.options.pipelined, prepare=planner(self.edge), results=outcomes

@@ -27,7 +27,9 @@ from rmqkit.outbox.amqp import Row
 from rmqkit.publishing.routing import Edge, Encryptor, PublishRoute
 
 
-async def route_rows(edge: Edge, guard: Encryptor, session: Session, rows: list[Row]) -> list[Row]:
+async def route_rows(
+    edge: Edge, encryptor: Encryptor, session: Session, rows: list[Row]
+) -> list[Row]:
     """The rows as they are published: to their lane, or (delayed) marked with the target the
     ladder delivers them to, its exit declared in this batch; a row that cannot be routed gets
     its ``routing_problem``."""
@@ -38,7 +40,7 @@ async def route_rows(edge: Edge, guard: Encryptor, session: Session, rows: list[
     for row in rows:
         try:
             headers = json.loads(row.headers) if row.headers else None
-            bare = guard.plaintext(row.exchange, row.routing_key, row.body, headers)
+            bare = encryptor.plaintext(row.exchange, row.routing_key, row.body, headers)
             if bare is not None:
                 raise DataError(bare)
             # PublishRoute here only for where it goes (lane, target, the delay asked for, with
