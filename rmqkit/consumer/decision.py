@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from rmqkit import headers as h
-from rmqkit.consumer.attempts import DeathEvent, DeathReason, attempt_number, read_x_death
+from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.outcomes import (
     DecryptFailed,
     Failed,
@@ -44,6 +44,7 @@ from rmqkit.consumer.outcomes import (
     UnroutableType,
     qualified_type_name,
 )
+from rmqkit.deaths import DeathEvent, DeathReason, read_x_death
 from rmqkit.delay import delivered_route
 
 # --- queue settings ------------------------------------------------------------------------------
