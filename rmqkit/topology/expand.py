@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from rmqkit.durations import format_duration_ms
+from rmqkit import names
 from rmqkit.errors import TopologyFileError
-from rmqkit.topology import lanes
 from rmqkit.topology.ladder import default_ladder, delay_targets
 from rmqkit.topology.model import BUILTIN_EXCHANGE_PREFIX, QueueModel, Topology
 from rmqkit.topology.summary import WorkQueueSummary, summarize
@@ -168,7 +167,7 @@ def wait_queue_names(topology: Topology, queue: str) -> list[list[tuple[str, int
         main = topology.wait_name(queue, delay)
         slots = []
         for ttl in jitter_slot_delays(delay, spec.jitter, spec.jitter_slots):
-            name = main if ttl == delay else f"{main}.slot-{format_duration_ms(ttl)}"
+            name = main if ttl == delay else names.slot_queue(main, ttl)
             slots.append((name, ttl))
         tiers.append(slots)
     return tiers
@@ -226,7 +225,7 @@ def _partition_objects(topology: Topology, name: str) -> tuple[ExchangeSpec, lis
     """The consistent-hash exchange of a partitioned work queue and its bindings: weight 1 to
     each partition, and the file's ``bind`` entries re-pointed at it (exchange-to-exchange)."""
     spec = topology.model.queues[name]
-    exchange = lanes.partition_exchange_name(name)
+    exchange = names.partition_exchange(name)
     bindings = [
         # the routing key of a consistent-hash binding is the partition's weight
         BindingSpec(exchange, queue, "queue", PARTITION_WEIGHT)

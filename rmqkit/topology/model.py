@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from rmqkit import names
 from rmqkit.delay.ladder import DEFAULT_BITS, DEFAULT_UNIT_MS
 from rmqkit.durations import format_duration_ms, parse_delay_ms, parse_duration_ms
 from rmqkit.errors import TopologyFileError
@@ -261,8 +262,8 @@ class Topology:
             "partition_key": None,
             "bind": [],
         }
-        lane = name.removeprefix(lanes.lane_queue_name(parent, ""))
-        if name.startswith(lanes.lane_queue_name(parent, "")) and lane in spec.lanes:
+        lane = name.removeprefix(names.lane_queue(parent, ""))
+        if name.startswith(names.lane_queue(parent, "")) and lane in spec.lanes:
             update["prefetch"] = spec.lanes[lane].prefetch or spec.prefetch
         else:
             update["single_active_consumer"] = True
@@ -273,11 +274,11 @@ class Topology:
         parent = self.parent_of(queue)
         if parent is None:
             raise KeyError(f"{self.source} has no work queue {queue!r}")
-        return self.model.queues[parent].parking or f"{parent}.parking"
+        return self.model.queues[parent].parking or names.parking_queue(parent)
 
     def wait_name(self, queue: str, delay_ms: int) -> str:
         """The main wait queue of one delay tier (TTL = the full delay)."""
-        return f"{queue}.wait.{format_duration_ms(delay_ms)}"
+        return names.wait_queue(queue, delay_ms)
 
     def lanes_of(self, work_queue: str) -> list[lanes.LaneSpec]:
         """The lanes of a file's work queue, in match order ([] without lanes)."""
@@ -291,13 +292,13 @@ class Topology:
     def partitions_of(self, work_queue: str) -> list[str]:
         """The partition queues of a partitioned work queue, p0 first ([] if not partitioned)."""
         count = self.model.queues[work_queue].partitions or 0
-        return [lanes.partition_queue_name(work_queue, i) for i in range(count)]
+        return [names.partition_queue(work_queue, i) for i in range(count)]
 
     def partition_exchange(self, work_queue: str) -> str | None:
         """The consistent-hash exchange of a partitioned work queue (None if not partitioned)."""
         if not self.model.queues[work_queue].partitions:
             return None
-        return lanes.partition_exchange_name(work_queue)
+        return names.partition_exchange(work_queue)
 
     def work_queues_for(
         self, exchange: str, routing_key: str, headers: Mapping[str, Any] | None = None
@@ -388,7 +389,7 @@ def _check_references(topology: Topology, text: str) -> None:
             )
     partitioned = {q for q, spec in model.queues.items() if spec.partitions}
     queues_all = (work - partitioned) | {topology.parking_name(q) for q in work} | set(generated)
-    exchanges_all = set(model.exchanges) | {lanes.partition_exchange_name(q) for q in partitioned}
+    exchanges_all = set(model.exchanges) | {names.partition_exchange(q) for q in partitioned}
     for index, binding in enumerate(model.bindings):
         if not exchange_known(binding.source):
             fail(
@@ -400,7 +401,7 @@ def _check_references(topology: Topology, text: str) -> None:
             fail(
                 ("bindings", index, "destination"),
                 f"{binding.destination!r} is partitioned, not a queue: bind to its exchange "
-                f"{lanes.partition_exchange_name(binding.destination)!r} (destination_type = "
+                f"{names.partition_exchange(binding.destination)!r} (destination_type = "
                 '"exchange")',
             )
         if binding.destination not in known:
