@@ -36,6 +36,7 @@ from rmqkit.consumer.decision import (
     Ack,
     DecryptFailed,
     Failed,
+    HandlerOutcome,
     HandlerTimeout,
     MissingMessageId,
     Success,
@@ -83,7 +84,7 @@ def _masked(outcome: Failed | Undecodable, keyring: KeyRing | None) -> Failed | 
     return replace(outcome, exc_message=message, traceback=text, exception=None)
 
 
-def _traceback_of(outcome: object) -> Callable[[], str] | None:
+def _traceback_of(outcome: HandlerOutcome) -> Callable[[], str] | None:
     """How to format the handler's traceback of a failed outcome (None: it has none)."""
     if isinstance(outcome, Failed):
         return outcome.traceback_text
@@ -203,7 +204,7 @@ class Dispatcher:
         headers: dict[str, Any] = props.headers or {}
         body = delivered.body
         config = self.config
-        outcome: Any
+        outcome: HandlerOutcome
         attempt = 1
         deliveries = 1  # the broker's count for this delivery (x-delivery-count + 1)
         if config.max_message_bytes is not None and len(body) > config.max_message_bytes:
@@ -228,11 +229,12 @@ class Dispatcher:
             except UndecryptableField as exc:
                 outcome = DecryptFailed(str(exc), exc.reason)
             else:
-                outcome = await self._handle_message(
+                handled = await self._handle_message(
                     delivered, body, headers, attempt, tracker, tag
                 )
-                if outcome is None:  # superseded: acked unhandled
+                if handled is None:  # superseded: acked unhandled
                     return
+                outcome = handled
                 if body is not sealed and isinstance(outcome, Failed | Undecodable):
                     # The error's text is stored with the parked copy and logged: never the
                     # values decrypted for the handler (a handler quoting one in its error).
@@ -247,7 +249,7 @@ class Dispatcher:
         attempt: int,
         tracker: AckTracker,
         tag: int,
-    ) -> Any:
+    ) -> HandlerOutcome | None:
         """The handler's outcome for a decrypted ``body``; None when conflation superseded it
         (then already settled)."""
         props = delivered.header.properties
@@ -288,7 +290,7 @@ class Dispatcher:
         delivered: Delivery,
         tracker: AckTracker,
         tag: int,
-        outcome: Any,
+        outcome: HandlerOutcome,
         headers: dict[str, Any],
         attempt: int,
         deliveries: int,
@@ -343,7 +345,7 @@ class Dispatcher:
         if self.hooks is not None:
             self.hooks.confirmed(tracker, tag)
 
-    async def _run(self, message: Message) -> Any:
+    async def _run(self, message: Message) -> HandlerOutcome:
         """The handler's outcome for ``message`` (in a store transaction with --dedupe)."""
         if self.dedupe is not None:
             return await self.dedupe.handle(message)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 from rmqkit import headers as h
 from rmqkit.consumer.copies import describe_error  # the parked copy's own text of it
-from rmqkit.consumer.outcomes import Failed, qualified_type_name
+from rmqkit.consumer.outcomes import Failed, HandlerOutcome, qualified_type_name
 from rmqkit.delay import delivered_route
 from rmqkit.headers import public_type_name
 
@@ -23,9 +23,17 @@ if TYPE_CHECKING:
     from rmqkit.consumer.config import ConsumerConfig
     from rmqkit.consumer.decision import Park, RetryLater
 
-__all__ = ["OutcomeEvent", "OutcomeKind", "copy_event", "internal_error_event", "success_event"]
+__all__ = [
+    "OUTCOME_KINDS",
+    "OutcomeEvent",
+    "OutcomeKind",
+    "copy_event",
+    "internal_error_event",
+    "success_event",
+]
 
 OutcomeKind = Literal["success", "retry", "park"]
+OUTCOME_KINDS: Final[tuple[OutcomeKind, ...]] = get_args(OutcomeKind)
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,7 @@ def copy_event(
     message_id: str | None,
     attempt: int,
     decision: RetryLater | Park,
-    outcome: object,
+    outcome: HandlerOutcome,
 ) -> OutcomeEvent:
     """The event of a retry or park ``decision``: its error as the copy's headers record it
     (already withheld on a delivery with decrypted fields, whose outcome then holds no
