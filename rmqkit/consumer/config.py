@@ -19,7 +19,8 @@ from rmqkit.durations import format_duration_ms
 from rmqkit.errors import ConfigError
 from rmqkit.names import parking_queue, slot_queue, wait_prefix
 from rmqkit.topology.expand import jitter_slot_delays
-from rmqkit.topology.model import QueueModel, Topology
+from rmqkit.topology.model import Topology
+from rmqkit.topology.schema import QueueModel
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PREFETCH = 200

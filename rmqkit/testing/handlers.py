@@ -43,7 +43,8 @@ from rmqkit.delay import delivered_route
 from rmqkit.errors import RmqkitError, UsageError
 from rmqkit.testing.result import HandlerResult, result_of
 from rmqkit.topology import load_topology
-from rmqkit.topology.model import QueueModel, Topology, TopologyModel
+from rmqkit.topology.model import Topology
+from rmqkit.topology.schema import QueueModel, TopologyModel
 
 __all__ = [
     "HandlerAborted",

@@ -10,7 +10,8 @@ from typing import Any, Literal
 from rmqkit import names
 from rmqkit.errors import TopologyFileError
 from rmqkit.topology.ladder import default_ladder, delay_targets
-from rmqkit.topology.model import BUILTIN_EXCHANGE_PREFIX, QueueModel, Topology
+from rmqkit.topology.model import Topology
+from rmqkit.topology.schema import BUILTIN_EXCHANGE_PREFIX, QueueModel
 from rmqkit.topology.summary import WorkQueueSummary, summarize
 
 Via = Literal["policy", "arguments"]

@@ -1,8 +1,8 @@
 """Flow control in a topology file: the names of lanes, partitions and their hash exchange, which
 lane a message takes, and which work queues a publish reaches (docs/topology.md).
 
-Pure functions over the validated model; ``Topology`` (rmqkit.topology.model) exposes them as
-methods. This module imports the model only for type checking, so model.py can import it.
+Pure functions over the validated schema (rmqkit.topology.schema); ``Topology``
+(rmqkit.topology.model) exposes them as methods.
 """
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rmqkit.names import lane_queue, partition_exchange, partition_queue
-
-if TYPE_CHECKING:
-    from rmqkit.topology.model import LaneModel, QueueModel, TopologyModel
+from rmqkit.topology.schema import LaneModel, QueueModel, TopologyModel
 
 # The broker's built-in exchanges and their types: a file binds to them without declaring them.
 BUILTIN_TYPES = {
