@@ -11,7 +11,8 @@ from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session
 from rmqkit.errors import BrokerUnavailable, TopologyConflict
 from rmqkit.settings import Settings
-from rmqkit.topology.expand import DesiredState, Via, expand_all
+from rmqkit.topology.desired import DesiredState, Via
+from rmqkit.topology.expand import expand_all
 from rmqkit.topology.model import Topology
 from rmqkit.topology.plan import PLUGINS, Change, LiveState, Plan, compute_plan, read_live_state
 

@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from rmqkit.names import PARTITION_EXCHANGE_SUFFIX, is_derived_suffix, is_flow_member
-from rmqkit.topology.expand import POLICY_PREFIX, DesiredState
+from rmqkit.topology.desired import POLICY_PREFIX, DesiredState
 from rmqkit.topology.live import Change, LiveState, queue_settings
 
 
