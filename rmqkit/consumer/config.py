@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from rmqkit.consumer.decision import QueuePolicy
 from rmqkit.consumer.loading import LoadedHandler, type_label
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.crypto.errors import KeyRingError
 from rmqkit.crypto.keyring import ENV_FILE, ENV_INLINE
 from rmqkit.durations import format_duration_ms

@@ -38,12 +38,12 @@ from rmqkit.broker.session import Channel, Delivery, Outcome
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.decision import (
     Park,
-    QueuePolicy,
     RetryLater,
     internal_error_park,
     qualified_type_name,
 )
 from rmqkit.consumer.metrics import ConsumerMetrics
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.consumer.refusals import RefusedCopies
 
 log = logging.getLogger("rmqkit.consumer")

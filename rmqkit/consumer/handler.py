@@ -29,13 +29,13 @@ from rmqkit.consumer.decision import (
     Failed,
     HandlerOutcome,
     HandlerTimeout,
-    QueuePolicy,
     Success,
     Undecodable,
     qualified_type_name,
 )
 from rmqkit.consumer.loading import HandlerInput, LoadedHandler, load_handler, one_line, type_label
 from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.consumer.threads import HandlerThreads
 
 # --- running -------------------------------------------------------------------------------------

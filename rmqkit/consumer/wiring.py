@@ -35,7 +35,7 @@ from rmqkit.broker.snapshot import (
     read_snapshot,
 )
 from rmqkit.consumer.config import DEFAULT_MAX_ATTEMPTS
-from rmqkit.consumer.decision import QueuePolicy
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.durations import parse_duration_ms
 from rmqkit.errors import ConfigError, RmqkitError
 from rmqkit.names import slot_text, wait_delay_ms

@@ -24,7 +24,6 @@ from rmqkit.consumer.decision import (
     HandlerTimeout,
     MissingMessageId,
     Park,
-    QueuePolicy,
     RetryLater,
     Success,
     TooLarge,
@@ -32,6 +31,7 @@ from rmqkit.consumer.decision import (
     decide,
     qualified_type_name,
 )
+from rmqkit.consumer.policy import QueuePolicy
 
 NOW = datetime(2026, 11, 29, 16, 0, 0, 123_456, tzinfo=UTC)
 NOW_TEXT = "2026-11-29T16:00:00.123Z"

@@ -29,7 +29,6 @@ from rmqkit.consumer.decision import (
     HandlerOutcome,
     HandlerTimeout,
     Park,
-    QueuePolicy,
     Success,
     Undecodable,
     decide,
@@ -37,6 +36,7 @@ from rmqkit.consumer.decision import (
 from rmqkit.consumer.handler import HandlerInput, LoadedHandler, load_handler, run_handler
 from rmqkit.consumer.loading import handler_from_callable
 from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.errors import ConfigError, ExitCode
 from tests.unit.handlers_fixture import ok
 

@@ -22,7 +22,7 @@ import pytest
 
 import rmqkit
 from rmqkit import headers as h
-from rmqkit.consumer.decision import Failed, HandlerTimeout, Park, QueuePolicy, RetryLater, decide
+from rmqkit.consumer.decision import Failed, HandlerTimeout, Park, RetryLater, decide
 from rmqkit.consumer.hooks import (
     HookRunner,
     Hooks,
@@ -34,6 +34,7 @@ from rmqkit.consumer.hooks import (
     success_event,
 )
 from rmqkit.consumer.loading import handler_from_callable
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.errors import ConfigError, UsageError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"

@@ -9,7 +9,8 @@ import pytest
 
 import rmqkit
 from rmqkit import headers as h
-from rmqkit.consumer.decision import Failed, Park, QueuePolicy, RetryLater, Undecodable, decide
+from rmqkit.consumer.decision import Failed, Park, RetryLater, Undecodable, decide
+from rmqkit.consumer.policy import QueuePolicy
 
 POLICY = QueuePolicy(
     queue="jobs.work",
