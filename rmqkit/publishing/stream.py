@@ -34,7 +34,7 @@ from rmqkit.publishing.inputs import OutgoingMessage
 if TYPE_CHECKING:  # without a topology or delay neither crypto nor topology is loaded
     from rmqkit.broker.session import Session
     from rmqkit.crypto import KeyRing
-    from rmqkit.publishing.engine import PublishReport
+    from rmqkit.publishing.report import PublishReport
     from rmqkit.publishing.routing import Edge, Encryptor, PublishRoute
     from rmqkit.settings import Settings
     from rmqkit.topology import Topology
