@@ -42,7 +42,7 @@ from rmqkit.consumer.hooks import HookRunner
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import Backoff
 from rmqkit.consumer.threads import HandlerThreads
-from rmqkit.consumer.wiring import QueueIdentity, identity_changes, read_identity
+from rmqkit.consumer.watch import QueueWatch
 from rmqkit.crypto import KeyRing
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
 from rmqkit.settings import Settings
@@ -59,7 +59,6 @@ CAUTIOUS_MIN_S = 15.0
 # declares on the consumer's own connection: cheap, but not in a tight loop for hours).
 RECHECK_CAP_S = 10.0
 STILL_WAITING_EVERY_S = 60.0  # how often the log repeats that a queue is still missing
-IDENTITY_TIMEOUT_S = 5.0  # reading a queue's declaration through the management API
 
 
 class ConsumerCancelled(ConnectionError):
@@ -90,20 +89,7 @@ class QueueConsumer:
         self.dispatcher = Dispatcher(config, handler, metrics, keyring, hooks)
         self.metrics = metrics
         self.settings = settings
-        # Until the first consume: a missing queue means the topology was never declared (78).
-        # After it (or in a worker restarted by the supervisor): the queue was deleted under a
-        # running consumer, which waits for it instead of stopping every queue it serves.
-        self._missing_is_fatal = missing_is_fatal
-        # What the consumed queue was declared as when first consumed (management API; None
-        # until read, or if it could not be): a queue declared again otherwise is not consumed.
-        self._identity: QueueIdentity | None = None
-        self._identity_task: asyncio.Task[None] | None = None
-        # Set when the queue may have been deleted and declared again (the broker cancelled our
-        # consumer, or the queue was found missing): the next consume first compares its
-        # declaration. Not on every reconnect: after a failover the management API of the lost
-        # node may take its whole timeout to fail, and that would delay every reconnect.
-        self._suspect = False
-        self._missing: list[str] = []  # the queues found missing by the latest check
+        self.watch = QueueWatch(settings, config.queue, missing_is_fatal=missing_is_fatal)
         # After a crash: prefetch 1 until CAUTIOUS_SETTLED messages have been settled, so a
         # message that kills the process spends only its own delivery attempts.
         self._cautious = cautious
@@ -235,9 +221,7 @@ class QueueConsumer:
 
         channel.add_cancel_listener(on_cancel)
         self._consumer_tag = await channel.consume(self.config.queue, self.dispatcher._on_delivery)
-        self._missing_is_fatal = False
-        if self._identity is None and (self._identity_task is None or self._identity_task.done()):
-            self._identity_task = asyncio.create_task(self._remember_identity())
+        self.watch.consumed()
         self.metrics.set_connected(True, self.config.queue)
         self.metrics.set_consuming(True, self.config.queue)
         log.info(
@@ -277,7 +261,7 @@ class QueueConsumer:
                         self.config.consumer_timeout_s,
                         self.dispatcher._in_flight,
                     )
-                    self._suspect = True
+                    self.watch.suspect = True
                     raise ConsumerCancelled(
                         f"consumer {cancelled.result()} cancelled by the broker"
                     )
@@ -301,9 +285,9 @@ class QueueConsumer:
         if problem is None:
             self.metrics.set_waiting(queue, None)
             return True
-        if self._missing_is_fatal and self._missing:
+        if self.watch.missing_is_fatal and self.watch.missing:
             raise ConfigError(
-                f"queue {self._missing[0]!r} does not exist — run `rmqkit declare` for the "
+                f"queue {self.watch.missing[0]!r} does not exist — run `rmqkit declare` for the "
                 "topology first (retries and parking need their queues)"
             )
         backoff = Backoff(base_s=1.0, cap_s=RECHECK_CAP_S)
@@ -332,54 +316,9 @@ class QueueConsumer:
                 return True
 
     async def _problem(self, conn: Session) -> str | None:
-        """Why this consumer cannot consume now (a queue it needs is missing, or its own was
-        declared again with other arguments), or None."""
-        queue = self.config.queue
-        missing = self._missing = []
-        for name in (queue, self.config.policy.parking_queue, *self.dispatcher._wait_queues):
-            try:
-                exists = await conn.queue_exists(name)
-            except RmqkitError as exc:
-                # A lost connection or a broker error while probing (the session maps them):
-                # reconnect, as for any other failure on this connection.
-                raise ConnectionError(str(exc)) from exc
-            if not exists:
-                missing.append(name)
-        if missing:
-            self._suspect = True
-        if missing == [queue]:
-            return f"queue {queue!r} does not exist (deleted?): not consuming it until it is back"
-        if missing:
-            names = ", ".join(repr(n) for n in missing)
-            which = "queue" if len(missing) == 1 else "queues"
-            verb = "does" if len(missing) == 1 else "do"
-            return f"{which} {names} {verb} not exist (deleted?): not consuming {queue!r}"
-        if self._identity is None or not self._suspect:
-            return None
-        now = await self._read_identity()
-        if now is None:
-            log.warning(
-                "could not read how queue %r is declared now (management API); consuming it "
-                "without checking that it is declared as when this consumer started",
-                queue,
-            )
-            self._suspect = False
-            return None
-        changes = identity_changes(self._identity, now)
-        if not changes:
-            self._suspect = False
-            return None
-        return (
-            f"queue {queue!r} is declared with other settings than when this consumer started "
-            f"({'; '.join(changes)}): not consuming it — declare it as the topology says "
-            "(delete it, then `rmqkit declare`), or restart the consumer to accept it"
-        )
-
-    async def _read_identity(self) -> QueueIdentity | None:
-        return await read_identity(self.settings, self.config.queue, IDENTITY_TIMEOUT_S)
-
-    async def _remember_identity(self) -> None:
-        self._identity = await self._read_identity()
+        """Why this consumer cannot consume now (QueueWatch.problem), or None."""
+        policy = self.config.policy
+        return await self.watch.problem(conn, [policy.parking_queue, *self.dispatcher._wait_queues])
 
     async def _drain(self, channel: Channel, consumer_tag: str, tracker: AckTracker) -> None:
         """Graceful stop: cancel the consumer, let in-flight handlers finish, ack, close."""
