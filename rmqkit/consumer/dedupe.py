@@ -141,7 +141,7 @@ class DedupeStep:
         dedupe = config.dedupe
         self._key_header = dedupe.order_key_header
         self._version_header = dedupe.order_version_header
-        self.lanes: DedupeWorkers[HandlerOutcome] = DedupeWorkers(
+        self.workers: DedupeWorkers[HandlerOutcome] = DedupeWorkers(
             WorkerOptions(
                 dsn=dedupe.dsn,
                 queue=config.queue,
@@ -156,11 +156,11 @@ class DedupeStep:
         )
 
     async def start(self) -> None:
-        """Check the store and open the lanes (ConfigError, exit 78, if not initialised)."""
-        await self.lanes.start()
+        """Check the store and open the workers (ConfigError, exit 78, if not initialised)."""
+        await self.workers.start()
 
     async def close(self) -> None:
-        await self.lanes.close()
+        await self.workers.close()
 
     def _order(self, message: Message) -> OrderKey | str:
         """The guard's key and version from the headers, or why they are unusable."""
@@ -199,7 +199,7 @@ class DedupeStep:
         context = (message.message_id, message.attempt)
 
         async def call(tx: Any) -> HandlerOutcome:
-            current_message.set(context)  # the lane's task: log lines name this message
+            current_message.set(context)  # the worker's task: log lines name this message
             started = perf_counter()
             outcome = await run_handler(
                 handler,
@@ -214,7 +214,7 @@ class DedupeStep:
 
         assert message.message_id  # the dispatcher parks messages without one first
         try:
-            verdict, outcome = await self.lanes.run(message.message_id, call, order)
+            verdict, outcome = await self.workers.run(message.message_id, call, order)
         except Exception as exc:  # the store failed: transient, retried via the wait queues
             log.warning("dedupe store failed: %s: %s", type(exc).__name__, exc)
             return Failed.from_exception(exc)

@@ -1,4 +1,4 @@
-"""What the dedupe lanes pass around: verdicts, ordering keys, options, and queued work."""
+"""What the dedupe workers pass around: verdicts, ordering keys, options, and queued work."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class OrderKey:
 
 @dataclass(frozen=True)
 class WorkerOptions:
-    """``connections`` lanes, at most ``batch`` messages per transaction; ids and versions are
+    """``connections`` workers, at most ``batch`` messages per transaction; ids and versions are
     recorded in ``scope`` (None: the queue's own, ``queue``), ``queue`` kept with each id."""
 
     dsn: str

@@ -1,13 +1,13 @@
 """Handlers run with their message id recorded in the same transaction, several per commit.
 
 ``DedupeWorkers`` is what ``rmqkit consume --dedupe`` runs each delivery through. Deliveries
-queue up; each of ``connections`` lanes (one database connection each) takes what is queued
+queue up; each of ``connections`` workers (one database connection each) takes what is queued
 (up to ``batch``) and handles it in **one** transaction:
 
 1. ``BEGIN`` (SQLite: ``BEGIN IMMEDIATE``, the write lock up front);
-2. record every id of the batch in the lanes' scope (``WorkerOptions.scope``: the same id in
+2. record every id of the batch in the workers' scope (``WorkerOptions.scope``: the same id in
    another scope is another consumer's) with one ``INSERT … ON CONFLICT DO NOTHING RETURNING``, ids
-   sorted so that two lanes (or two consumers) lock them in the same order and cannot deadlock
+   sorted so that two workers (or two consumers) lock them in the same order and cannot deadlock
    on them; an id that is not returned was already recorded — committed by someone else, or
    in flight in another transaction, which this insert waited for — and is a **duplicate**: its
    handler is not called. With the ordering guard, the batch's keys are locked the same way;
@@ -37,7 +37,7 @@ from typing import Any, Generic, TypeVar
 
 from rmqkit.errors import ConfigError
 from rmqkit.guard import VERSIONS_TABLE, apply_sql, lock_keys_sql
-from rmqkit.idempotency.connections import LaneConnection, open_lane_connection
+from rmqkit.idempotency.connections import WorkerConnection, open_worker_connection
 from rmqkit.idempotency.record import forget_sql, insert_many, recorded_sql
 from rmqkit.idempotency.work import (
     Abandoned,
@@ -74,14 +74,14 @@ class DedupeWorkers(Generic[R]):
         self._savepoints = options.pass_transaction or options.ordered
         self._begin = "BEGIN IMMEDIATE" if self._dialect.name == "sqlite" else "BEGIN"
         self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Job, or Claim without savepoints
-        self._lanes: list[asyncio.Task[None]] = []
+        self._workers: list[asyncio.Task[None]] = []
         self.transactions = 0  # committed (for the logs and the benchmark: messages per commit)
 
     async def start(self) -> None:
-        """Check the store answers and was initialised; start the lanes."""
+        """Check the store answers and was initialised; start the workers."""
         conn = await self._open()
         try:
-            # The statements the lanes run need the scoped schema: an older store fails here.
+            # The statements the workers run need the scoped schema: an older store fails here.
             await conn.fetch(recorded_sql(self._dialect), (self._scope, ""))
             if self.options.ordered:
                 await conn.fetch(
@@ -102,15 +102,15 @@ class DedupeWorkers(Generic[R]):
         finally:
             await conn.close()
         for index in range(max(1, self.options.connections)):
-            self._lanes.append(asyncio.create_task(self._lane(), name=f"rmqkit-dedupe-{index}"))
+            self._workers.append(asyncio.create_task(self._work(), name=f"rmqkit-dedupe-{index}"))
 
     async def close(self) -> None:
-        """Stop the lanes (call once no message is in flight)."""
-        for lane in self._lanes:
-            lane.cancel()
-        for lane in self._lanes:
+        """Stop the workers (call once no message is in flight)."""
+        for worker in self._workers:
+            worker.cancel()
+        for worker in self._workers:
             with contextlib.suppress(BaseException):
-                await lane
+                await worker
 
     async def run(
         self, message_id: str, call: Callable[[Any], Awaitable[R]], order: OrderKey | None = None
@@ -133,7 +133,7 @@ class DedupeWorkers(Generic[R]):
         call: Callable[[Any], Awaitable[R]],
     ) -> tuple[DedupeVerdict, R | None]:
         """Without savepoints the handler runs here, in the delivery's own task (no task per
-        message): a lane records the id and keeps the transaction open until every handler of
+        message): a worker records the id and keeps the transaction open until every handler of
         its batch has reported, then commits; the verdict comes after the commit."""
         claim: asyncio.Future[tuple[Batch, bool]] = loop.create_future()
         self._queue.put_nowait(Claim(message_id, claim))
@@ -151,12 +151,12 @@ class DedupeWorkers(Generic[R]):
             raise batch.error
         return (DedupeVerdict.APPLIED if ok else DedupeVerdict.ROLLED_BACK), outcome
 
-    # --- lanes ----------------------------------------------------------------------------
-    async def _open(self) -> LaneConnection:
-        return await open_lane_connection(self._dsn, sync=self.options.sync_connection)
+    # --- workers --------------------------------------------------------------------------
+    async def _open(self) -> WorkerConnection:
+        return await open_worker_connection(self._dsn, sync=self.options.sync_connection)
 
-    async def _lane(self) -> None:
-        conn: LaneConnection | None = None
+    async def _work(self) -> None:
+        conn: WorkerConnection | None = None
         try:
             while True:
                 jobs = [await self._queue.get()]
@@ -171,8 +171,8 @@ class DedupeWorkers(Generic[R]):
                 await asyncio.shield(conn.close())
 
     async def _process(
-        self, conn: LaneConnection | None, jobs: list[Job[R]], *, fallback: bool
-    ) -> LaneConnection | None:
+        self, conn: WorkerConnection | None, jobs: list[Job[R]], *, fallback: bool
+    ) -> WorkerConnection | None:
         if conn is None:
             try:
                 conn = await self._open()
@@ -206,8 +206,8 @@ class DedupeWorkers(Generic[R]):
         return conn
 
     async def _claims(
-        self, conn: LaneConnection | None, claims: list[Claim]
-    ) -> LaneConnection | None:
+        self, conn: WorkerConnection | None, claims: list[Claim]
+    ) -> WorkerConnection | None:
         batch = Batch()
         try:
             if conn is None:
@@ -248,13 +248,13 @@ class DedupeWorkers(Generic[R]):
         return conn
 
     async def _one_by_one(
-        self, conn: LaneConnection | None, jobs: list[Job[R]]
-    ) -> LaneConnection | None:
+        self, conn: WorkerConnection | None, jobs: list[Job[R]]
+    ) -> WorkerConnection | None:
         for job in jobs:
             conn = await self._process(conn, [job], fallback=False)
         return conn
 
-    async def _reset(self, conn: LaneConnection) -> LaneConnection | None:
+    async def _reset(self, conn: WorkerConnection) -> WorkerConnection | None:
         try:
             await conn.execute("ROLLBACK")
         except Exception:
@@ -263,7 +263,7 @@ class DedupeWorkers(Generic[R]):
         return conn
 
     async def _transaction(
-        self, conn: LaneConnection, jobs: list[Job[R]]
+        self, conn: WorkerConnection, jobs: list[Job[R]]
     ) -> list[tuple[DedupeVerdict, R | None]]:
         dialect, scope, queue = self._dialect, self._scope, self.options.queue
         await conn.execute(self._begin)
@@ -310,7 +310,7 @@ class DedupeWorkers(Generic[R]):
         return results
 
     async def _ended_by_handler(
-        self, conn: LaneConnection, jobs: list[Job[R]], pending: list[int]
+        self, conn: WorkerConnection, jobs: list[Job[R]], pending: list[int]
     ) -> None:
         """The handler of ``jobs[pending[0]]`` ended the transaction itself (or left it
         aborted). A COMMIT there also committed the ids of the batch's messages whose handlers
@@ -330,7 +330,7 @@ class DedupeWorkers(Generic[R]):
         )
 
     async def _settle(
-        self, conn: LaneConnection, job: Job[R], outcome: R
+        self, conn: WorkerConnection, job: Job[R], outcome: R
     ) -> tuple[DedupeVerdict, R | None]:
         if self._judge(outcome) is HandlerEnd.OK:
             return DedupeVerdict.APPLIED, outcome
@@ -338,7 +338,7 @@ class DedupeWorkers(Generic[R]):
         return DedupeVerdict.ROLLED_BACK, outcome
 
     async def _in_savepoint(
-        self, conn: LaneConnection, job: Job[R], previous_open: bool
+        self, conn: WorkerConnection, job: Job[R], previous_open: bool
     ) -> tuple[DedupeVerdict, R | None]:
         if not previous_open:
             await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
