@@ -188,7 +188,7 @@ def bodies(mode: str, n: int, topology: Path, keyring_file: Path) -> tuple[list[
     """N bodies for ``mode``, through the Encryptor `rmqkit publish --topology` uses; the µs per
     message that took (for plain: the Encryptor finding nothing to encrypt)."""
     from rmqkit.crypto import load_keyring
-    from rmqkit.outbox.edge import Encryptor
+    from rmqkit.publishing.routing import Encryptor
     from rmqkit.topology import load_topology
 
     encryptor = Encryptor(

@@ -1,5 +1,6 @@
 """`rmqkit publish`'s library: message ids (``rmqkit.publishing.ids``), its inputs
-(``rmqkit.publishing.inputs``), its engine (``rmqkit.publishing.engine``) and the one call the
+(``rmqkit.publishing.inputs``), its engine (``rmqkit.publishing.engine``, reporting with
+``rmqkit.publishing.report``) and the one call the
 command makes (``rmqkit.publishing.stream.publish_input``: the topology edge, then the engine),
 under the names they always had here. Applications publish with ``rmqkit.Publisher``
 (docs/api.md)."""
@@ -9,7 +10,6 @@ from rmqkit.publishing.engine import (
     DEFAULT_WINDOW,
     Notice,
     Progress,
-    PublishReport,
     publish_messages,
     rerun_advice,
 )
@@ -20,6 +20,7 @@ from rmqkit.publishing.inputs import (
     messages_from_lines,
     messages_from_ndjson,
 )
+from rmqkit.publishing.report import PublishReport
 from rmqkit.publishing.stream import PublishEdge, publish_input
 
 __all__ = [

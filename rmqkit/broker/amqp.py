@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 import aio_pika
 import aiormq.abc
 import aiormq.exceptions as amqp_errors
-from aio_pika.abc import AbstractConnection
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from rmqkit.errors import (
     AccessRefused,
@@ -21,6 +21,13 @@ from rmqkit.errors import (
     TopologyConflict,
 )
 from rmqkit.settings import Settings, mask_url, vhost_of
+
+Connection: TypeAlias = AbstractConnection
+"""An open client connection, as ``connect`` and ``connection`` give it (for type hints outside
+the broker layer, which does not import the client)."""
+
+IncomingMessage: TypeAlias = AbstractIncomingMessage
+"""A message as the client's own consumer API delivers it (``rmqkit.Message.from_delivery``)."""
 
 
 def parse_version(text: str) -> tuple[int, int, int]:

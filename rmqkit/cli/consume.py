@@ -21,7 +21,7 @@ from rmqkit.crypto import load_keyring
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import UsageError
 from rmqkit.topology import load_topology
-from rmqkit.topology.locate import locate_topology
+from rmqkit.topology.sources import locate_topology
 
 
 class LogFormat(StrEnum):

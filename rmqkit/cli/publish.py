@@ -14,7 +14,6 @@ from rmqkit.cli.common import run_async, seconds, seconds_option, settings_from
 from rmqkit.cli.render import stderr
 from rmqkit.durations import format_duration_ms, parse_delay_ms
 from rmqkit.errors import PublishStopped, UsageError
-from rmqkit.publishing.engine import PublishReport
 from rmqkit.publishing.ids import IdSource
 from rmqkit.publishing.inputs import (
     OutgoingMessage,
@@ -22,6 +21,7 @@ from rmqkit.publishing.inputs import (
     messages_from_lines,
     messages_from_ndjson,
 )
+from rmqkit.publishing.report import PublishReport
 from rmqkit.publishing.stream import PublishEdge, publish_input
 
 ID_FROM_OPT = typer.Option(

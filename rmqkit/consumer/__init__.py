@@ -8,7 +8,8 @@ Who owns what:
 * the connection: ``runner`` (``QueueConsumer``: connect through ``rmqkit.broker.session``, QoS,
   consume, batched acks, reconnect, graceful drain), ``acks`` (which tags may be acked);
 * one delivery: ``dispatch`` (``Dispatcher``: checks, handler, outcome), ``decision`` (the pure
-  ack / retry / park decision), ``attempts`` (x-death and our attempt header), ``copies``
+  ack / retry / park decision), ``attempts`` (our attempt header and x-death, read by
+  ``rmqkit.deaths``), ``copies``
   (retry/park copies, confirmed before the original is acked), ``refusals`` (backoff);
 * ``--dedupe``: ``dedupe`` (``DedupeStep``: the handler in a store transaction that records the
   message id, through ``rmqkit.idempotency``; duplicate / stale / applied verdicts);

@@ -11,14 +11,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from rmqkit.consumer.decision import QueuePolicy
 from rmqkit.consumer.loading import LoadedHandler, type_label
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.crypto.errors import KeyRingError
 from rmqkit.crypto.keyring import ENV_FILE, ENV_INLINE
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import ConfigError
+from rmqkit.names import parking_queue, slot_queue, wait_prefix
 from rmqkit.topology.expand import jitter_slot_delays
-from rmqkit.topology.model import QueueModel, Topology
+from rmqkit.topology.model import Topology
+from rmqkit.topology.schema import QueueModel
 
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PREFETCH = 200
@@ -126,7 +128,7 @@ def _wait_tiers(topology: Topology, queue: str, spec: QueueModel) -> list[list[t
         main = topology.wait_name(queue, delay)
         tiers.append(
             [
-                (main if ttl == delay else f"{main}.slot-{format_duration_ms(ttl)}", ttl)
+                (main if ttl == delay else slot_queue(main, ttl), ttl)
                 for ttl in jitter_slot_delays(delay, spec.jitter, spec.jitter_slots)
             ]
         )
@@ -251,9 +253,9 @@ def rmqkit_wiring(queues: Mapping[str, Any], queue: str) -> str | None:
     target = arguments.get("x-dead-letter-routing-key")
     if "x-dead-letter-exchange" in arguments and target:
         return f"it dead-letters to {target!r}"
-    if f"{queue}.parking" in queues:
-        return f"queue {queue + '.parking'!r} exists"
-    waits = sorted(n for n in queues if n.startswith(f"{queue}.wait."))
+    if parking_queue(queue) in queues:
+        return f"queue {parking_queue(queue)!r} exists"
+    waits = sorted(n for n in queues if n.startswith(wait_prefix(queue)))
     if waits:
         return f"wait queue {waits[0]!r} exists"
     return None

@@ -36,9 +36,14 @@ from rmqkit import headers as h
 from rmqkit.broker.codec import copy_properties
 from rmqkit.broker.session import Channel, Delivery, Outcome
 from rmqkit.consumer.acks import AckTracker
-from rmqkit.consumer.decision import Park, QueuePolicy, internal_error_park, qualified_type_name
-from rmqkit.consumer.decision import Retry as RetryDecision
+from rmqkit.consumer.decision import (
+    Park,
+    RetryLater,
+    internal_error_park,
+    qualified_type_name,
+)
 from rmqkit.consumer.metrics import ConsumerMetrics
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.consumer.refusals import RefusedCopies
 
 log = logging.getLogger("rmqkit.consumer")
@@ -75,7 +80,7 @@ class CopySender:
         self,
         channel: Channel | None,
         delivered: Delivery,
-        decision: RetryDecision | Park,
+        decision: RetryLater | Park,
         tracker: AckTracker,
         tag: int,
         attempt: int,
@@ -88,7 +93,7 @@ class CopySender:
         ``deliveries``: the broker's delivery count of this delivery, shown as ``delivered``."""
         props = delivered.header.properties
         copy = copy_properties(props, decision.headers)
-        if isinstance(decision, RetryDecision) and decision.expiration_ms is not None:
+        if isinstance(decision, RetryLater) and decision.expiration_ms is not None:
             # Full jitter: the drawn wait, as a per-message TTL within the slot queue's own.
             copy.expiration = str(decision.expiration_ms)
         extra = {"message_id": props.message_id, "attempt": attempt, "delivered": deliveries}

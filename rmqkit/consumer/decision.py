@@ -2,7 +2,7 @@
 
 ``decide(outcome, headers, policy, ...)`` looks only at its arguments (the clock, host, pid and
 random source are passed in), so every branch is unit-tested without a broker. The runner carries
-a Retry or Park out by publishing a copy of the message (same body and properties, message_id
+a RetryLater or Park out by publishing a copy of the message (same body and properties, message_id
 untouched, the decision's headers) to ``target_queue`` through the default exchange with confirms
 and ``mandatory``, and acks the original only after the copy is confirmed.
 
@@ -25,105 +25,28 @@ Header policy of the copies (names in rmqkit.headers, described in docs/headers.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from rmqkit import headers as h
-from rmqkit.consumer.attempts import DeathEvent, DeathReason, attempt_number, read_x_death
+from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.outcomes import (
+    DecryptFailed,
     Failed,
+    HandlerOutcome,
     HandlerTimeout,
     MissingMessageId,
-    Outcome,
     Success,
     TooLarge,
     Undecodable,
-    Undecryptable,
     UnroutableType,
     qualified_type_name,
 )
+from rmqkit.consumer.policy import QueuePolicy
+from rmqkit.deaths import DeathEvent, DeathReason, read_x_death
 from rmqkit.delay import delivered_route
-
-# --- queue settings ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QueuePolicy:
-    """The consumer-relevant settings of one work queue.
-
-    With no retry tiers there is no wait queue to send a copy to, so every transient failure parks
-    the message as ``exhausted`` on its first failure, whatever ``max_attempts`` says
-    (``effective_max_attempts`` is then 1); returning it to the work queue instead would be exactly
-    the poison loop rmqkit exists to prevent.
-
-    Jitter. By default a retry goes to one of its tier's slot queues picked uniformly, and waits
-    that slot's TTL (the topology spreads the TTLs over ``[d*(1-jitter), d]``). With
-    ``full_jitter`` (seed 001's "full jitter": the wait uniform over ``[0, d]``) the consumer
-    draws ``t`` uniformly from ``[0, d]``, sends the copy to the slot with the smallest TTL
-    ``>= t`` (``wait_ttls_ms``) and gives it a per-message ``expiration`` of ``t``. Expiry
-    happens at a queue's head only, so a copy may wait behind an earlier one in its slot: its
-    wait is within ``[t, the slot's TTL]``, off by less than the gap between two slot TTLs —
-    which is why full jitter wants slots spread over ``(0, d]`` (the topology's ``jitter = 1.0``).
-    """
-
-    queue: str
-    parking_queue: str
-    retry_delays_ms: tuple[int, ...]  # nominal delay of each tier, first tier first
-    max_attempts: int  # deliveries in total, the first one included
-    wait_queues: tuple[tuple[str, ...], ...]  # per tier, its jitter slot queues (slot 0 .. n-1)
-    # exception type names, qualified ("pkg.mod.Cls") or bare ("Cls"), that park immediately
-    permanent_errors: frozenset[str] = frozenset()
-    # per tier, the TTL of each slot queue (aligned with wait_queues); () when not known
-    wait_ttls_ms: tuple[tuple[int, ...], ...] = ()
-    full_jitter: bool = False  # the wait uniform over [0, d] (see the class docstring)
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if len(self.retry_delays_ms) != len(self.wait_queues):
-            raise ValueError(
-                f"{len(self.retry_delays_ms)} retry delays but {len(self.wait_queues)} tiers of "
-                "wait queues: one tier of slot queues per delay"
-            )
-        for delay_ms, slots in zip(self.retry_delays_ms, self.wait_queues, strict=True):
-            if delay_ms <= 0:
-                raise ValueError(f"retry delays must be positive, got {delay_ms} ms")
-            if not slots:
-                raise ValueError(f"the {delay_ms} ms tier has no wait queue")
-        if self.wait_ttls_ms and [len(t) for t in self.wait_ttls_ms] != [
-            len(s) for s in self.wait_queues
-        ]:
-            raise ValueError("wait_ttls_ms must give one TTL per slot queue of every tier")
-        if self.full_jitter and not self.wait_ttls_ms and self.wait_queues:
-            raise ValueError("full jitter needs the slot queues' TTLs (wait_ttls_ms)")
-
-    @property
-    def effective_max_attempts(self) -> int:
-        """Deliveries a transiently failing message really gets (1 when there is no tier)."""
-        return self.max_attempts if self.wait_queues else 1
-
-    @property
-    def all_wait_queues(self) -> tuple[str, ...]:
-        return tuple(name for slots in self.wait_queues for name in slots)
-
-    def is_permanent(self, type_names: Iterable[str]) -> bool:
-        """Whether any of ``type_names`` (an error's type and base types) is listed as permanent."""
-        return any(
-            _type_matches(name, entry) for name in type_names for entry in self.permanent_errors
-        )
-
-
-def _type_matches(type_name: str, entry: str) -> bool:
-    type_name = _unqualify_builtin(type_name)
-    entry = _unqualify_builtin(entry.strip())
-    return bool(entry) and (type_name == entry or type_name.endswith("." + entry))
-
-
-def _unqualify_builtin(name: str) -> str:
-    return name.removeprefix("builtins.")
-
 
 # --- decisions -----------------------------------------------------------------------------------
 
@@ -134,7 +57,7 @@ class Ack:
 
 
 @dataclass(frozen=True)
-class Retry:
+class RetryLater:
     """Publish a copy with ``headers`` to the wait queue ``target_queue``, then ack the original."""
 
     target_queue: str
@@ -154,7 +77,7 @@ class Park:
     reason: h.ParkingReason
 
 
-Decision = Ack | Retry | Park
+Decision = Ack | RetryLater | Park
 
 
 @dataclass(frozen=True)
@@ -168,7 +91,7 @@ class _Error:
 
 
 def decide(
-    outcome: Outcome,
+    outcome: HandlerOutcome,
     headers: Mapping[str, Any] | None,
     policy: QueuePolicy,
     *,
@@ -204,7 +127,7 @@ def decide(
     if isinstance(outcome, TooLarge):
         message = f"body is {outcome.size_bytes} bytes, the limit is {outcome.limit_bytes} bytes"
         return context.park(h.ParkingReason.TOO_LARGE, _Error(outcome.error_type, message, ""))
-    if isinstance(outcome, Undecryptable):
+    if isinstance(outcome, DecryptFailed):
         # Never retried: a key that is missing or a ciphertext that was altered stays so.
         error = _Error(outcome.error_type, outcome.detail, "")
         return context.park(h.ParkingReason.UNDECRYPTABLE, error)
@@ -313,13 +236,13 @@ class _CopyContext:
         delay_ms: int,
         error: _Error,
         expiration_ms: int | None = None,
-    ) -> Retry:
+    ) -> RetryLater:
         copy = self._failure_headers(error)
         copy.pop(h.PARK_REASON, None)
         copy.pop(h.TRACEBACK, None)
         copy[h.RETRY_TIER] = tier
         copy[h.RETRY_DELAY_MS] = delay_ms
-        return Retry(
+        return RetryLater(
             target_queue=target,
             headers=copy,
             tier_index=tier,
@@ -417,17 +340,16 @@ def _existing_text(value: object) -> str | None:
 __all__ = [
     "Ack",
     "Decision",
+    "DecryptFailed",
     "Failed",
+    "HandlerOutcome",
     "HandlerTimeout",
     "MissingMessageId",
-    "Outcome",
     "Park",
-    "QueuePolicy",
-    "Retry",
+    "RetryLater",
     "Success",
     "TooLarge",
     "Undecodable",
-    "Undecryptable",
     "decide",
     "internal_error_park",
     "qualified_type_name",

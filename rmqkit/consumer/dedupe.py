@@ -9,7 +9,7 @@ one scope.
 
 ``DedupeStep.handle(message)`` replaces the plain handler run on the dispatch path when the flag
 is on (nothing here runs without it). It hands the handler call to rmqkit.idempotency's
-``DedupeLanes``, which batches several deliveries per transaction, and turns the verdict into
+``DedupeWorkers``, which batches several deliveries per transaction, and turns the verdict into
 the outcome the dispatcher settles:
 
 * applied → the handler's own outcome (Success: committed, then acked);
@@ -33,7 +33,7 @@ from time import perf_counter
 from typing import Any
 
 from rmqkit.consumer.config import ConsumerConfig, DedupeConfig
-from rmqkit.consumer.decision import Failed, HandlerTimeout, Outcome, Success, Undecodable
+from rmqkit.consumer.decision import Failed, HandlerOutcome, HandlerTimeout, Success, Undecodable
 from rmqkit.consumer.handler import LoadedHandler, run_handler
 from rmqkit.consumer.logs import current_message
 from rmqkit.consumer.message import Message
@@ -42,11 +42,11 @@ from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.errors import ConfigError, UsageError
 from rmqkit.guard import NO_VERSION, order_key
 from rmqkit.idempotency import (
-    DedupeLanes,
+    DedupeVerdict,
+    DedupeWorkers,
     HandlerEnd,
-    LaneOptions,
     OrderKey,
-    Verdict,
+    WorkerOptions,
     default_scope,
     require_current,
 )
@@ -113,7 +113,7 @@ def dedupe_config(
     )
 
 
-def _judge(outcome: Outcome) -> HandlerEnd:
+def _judge(outcome: HandlerOutcome) -> HandlerEnd:
     if type(outcome) is Success:
         return HandlerEnd.OK
     if type(outcome) is HandlerTimeout:
@@ -141,8 +141,8 @@ class DedupeStep:
         dedupe = config.dedupe
         self._key_header = dedupe.order_key_header
         self._version_header = dedupe.order_version_header
-        self.lanes: DedupeLanes[Outcome] = DedupeLanes(
-            LaneOptions(
+        self.workers: DedupeWorkers[HandlerOutcome] = DedupeWorkers(
+            WorkerOptions(
                 dsn=dedupe.dsn,
                 queue=config.queue,
                 scope=dedupe.scope,
@@ -156,11 +156,11 @@ class DedupeStep:
         )
 
     async def start(self) -> None:
-        """Check the store and open the lanes (ConfigError, exit 78, if not initialised)."""
-        await self.lanes.start()
+        """Check the store and open the workers (ConfigError, exit 78, if not initialised)."""
+        await self.workers.start()
 
     async def close(self) -> None:
-        await self.lanes.close()
+        await self.workers.close()
 
     def _order(self, message: Message) -> OrderKey | str:
         """The guard's key and version from the headers, or why they are unusable."""
@@ -187,7 +187,7 @@ class DedupeStep:
             )
         return OrderKey(key, version)
 
-    async def handle(self, message: Message) -> Outcome:
+    async def handle(self, message: Message) -> HandlerOutcome:
         """Run the handler on ``message`` inside its transaction; the outcome to settle."""
         order: OrderKey | None = None
         if self._key_header is not None:
@@ -198,8 +198,8 @@ class DedupeStep:
         handler, config = self.handler, self.config
         context = (message.message_id, message.attempt)
 
-        async def call(tx: Any) -> Outcome:
-            current_message.set(context)  # the lane's task: log lines name this message
+        async def call(tx: Any) -> HandlerOutcome:
+            current_message.set(context)  # the worker's task: log lines name this message
             started = perf_counter()
             outcome = await run_handler(
                 handler,
@@ -214,15 +214,15 @@ class DedupeStep:
 
         assert message.message_id  # the dispatcher parks messages without one first
         try:
-            verdict, outcome = await self.lanes.run(message.message_id, call, order)
+            verdict, outcome = await self.workers.run(message.message_id, call, order)
         except Exception as exc:  # the store failed: transient, retried via the wait queues
             log.warning("dedupe store failed: %s: %s", type(exc).__name__, exc)
             return Failed.from_exception(exc)
-        if verdict is Verdict.DUPLICATE:
+        if verdict is DedupeVerdict.DUPLICATE:
             self.metrics.duplicate()
             log.info("duplicate: already processed, acked without calling the handler")
             return _SUCCESS
-        if verdict is Verdict.STALE:
+        if verdict is DedupeVerdict.STALE:
             self.metrics.stale()
             log.info(
                 "stale: version %s of %r is not newer than the one applied; acked",

@@ -19,13 +19,10 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
 from time import perf_counter
 from typing import Any
 
-from rmqkit.broker.codec import Timestamp
 from rmqkit.broker.session import Channel, Delivery
 from rmqkit.consumer.acks import AckTracker, flush_acks
 from rmqkit.consumer.attempts import attempt_number, delivery_count
@@ -34,16 +31,24 @@ from rmqkit.consumer.conflation import Conflation, key_of
 from rmqkit.consumer.copies import CopySender
 from rmqkit.consumer.decision import (
     Ack,
+    DecryptFailed,
     Failed,
+    HandlerOutcome,
     HandlerTimeout,
     MissingMessageId,
     Success,
     TooLarge,
     Undecodable,
-    Undecryptable,
     decide,
 )
 from rmqkit.consumer.dedupe import DedupeStep
+from rmqkit.consumer.delivery import (
+    masked,
+    message_of,
+    traceback_of,
+    warn_overdue,
+    warn_redelivered,
+)
 from rmqkit.consumer.handler import LoadedHandler, run_handler
 from rmqkit.consumer.hooks import HookRunner, copy_event, internal_error_event, success_event
 from rmqkit.consumer.logs import current_message
@@ -53,8 +58,6 @@ from rmqkit.consumer.refusals import RefusedCopies
 from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.crypto import KeyRing, decrypt_fields
 from rmqkit.crypto import Undecryptable as UndecryptableField
-from rmqkit.crypto.masking import withhold_error
-from rmqkit.delay import delivered_route
 from rmqkit.headers import ATTEMPT
 
 log = logging.getLogger("rmqkit.consumer")
@@ -63,34 +66,6 @@ HOST = socket.gethostname()
 # How far past the handler timeout a delivery may stay undecided before the watchdog names it
 # (a timed-out handler's retry copy is confirmed within milliseconds).
 WATCHDOG_MARGIN_S = 1.0
-
-
-def _as_datetime(value: object) -> datetime | None:
-    if isinstance(value, Timestamp):
-        return value.to_datetime()
-    return value if isinstance(value, datetime) else None
-
-
-def _masked(outcome: Failed | Undecodable, keyring: KeyRing | None) -> Failed | Undecodable:
-    """``outcome`` with its error text withheld (rmqkit.crypto.masking.withhold_error): the
-    handler was given decrypted values, and no masking of them in free text can be exact."""
-    if isinstance(outcome, Undecodable):
-        detail, text = withhold_error(keyring, outcome.exc_type, outcome.detail, outcome.traceback)
-        return replace(outcome, detail=detail, traceback=text)
-    message, text = withhold_error(
-        keyring, outcome.exc_type, outcome.exc_message, outcome.traceback, outcome.exception
-    )
-    return replace(outcome, exc_message=message, traceback=text, exception=None)
-
-
-def _traceback_of(outcome: object) -> Callable[[], str] | None:
-    """How to format the handler's traceback of a failed outcome (None: it has none)."""
-    if isinstance(outcome, Failed):
-        return outcome.traceback_text
-    if isinstance(outcome, Undecodable) and outcome.traceback:
-        text = outcome.traceback
-        return lambda: text
-    return None
 
 
 class Dispatcher:
@@ -203,7 +178,7 @@ class Dispatcher:
         headers: dict[str, Any] = props.headers or {}
         body = delivered.body
         config = self.config
-        outcome: Any
+        outcome: HandlerOutcome
         attempt = 1
         deliveries = 1  # the broker's count for this delivery (x-delivery-count + 1)
         if config.max_message_bytes is not None and len(body) > config.max_message_bytes:
@@ -219,24 +194,25 @@ class Dispatcher:
             if deliver.redelivered or headers.get(DELIVERY_COUNT):
                 deliveries = delivery_count(headers, bool(deliver.redelivered))
                 if deliveries > 1:
-                    self._redelivered(props.message_id, attempt, deliveries)
+                    warn_redelivered(props.message_id, attempt, deliveries)
             sealed = body
             try:
                 # Every envelope in the body, all or nothing (a body without one is returned
                 # as is, without a parse). The copies below publish delivered.body: ciphertext.
                 body = decrypt_fields(body, None, self.keyring, first=config.encrypted_fields)
             except UndecryptableField as exc:
-                outcome = Undecryptable(str(exc), exc.reason)
+                outcome = DecryptFailed(str(exc), exc.reason)
             else:
-                outcome = await self._handle_message(
+                handled = await self._handle_message(
                     delivered, body, headers, attempt, tracker, tag
                 )
-                if outcome is None:  # superseded: acked unhandled
+                if handled is None:  # superseded: acked unhandled
                     return
+                outcome = handled
                 if body is not sealed and isinstance(outcome, Failed | Undecodable):
                     # The error's text is stored with the parked copy and logged: never the
                     # values decrypted for the handler (a handler quoting one in its error).
-                    outcome = _masked(outcome, self.keyring)
+                    outcome = masked(outcome, self.keyring)
         await self._settle(delivered, tracker, tag, outcome, headers, attempt, deliveries)
 
     async def _handle_message(
@@ -247,28 +223,11 @@ class Dispatcher:
         attempt: int,
         tracker: AckTracker,
         tag: int,
-    ) -> Any:
+    ) -> HandlerOutcome | None:
         """The handler's outcome for a decrypted ``body``; None when conflation superseded it
         (then already settled)."""
         props = delivered.header.properties
-        deliver = delivered.delivery
-        # A delivery out of the delay ladder names its stage exchange: show the producer's.
-        exchange, routing_key = delivered_route(
-            deliver.exchange or "", deliver.routing_key or "", headers
-        )
-        message = Message(
-            body,
-            headers=headers,
-            message_id=props.message_id,
-            routing_key=routing_key,
-            exchange=exchange,
-            redelivered=bool(deliver.redelivered),
-            attempt=attempt,
-            content_type=props.content_type,
-            correlation_id=props.correlation_id,
-            timestamp=_as_datetime(props.timestamp),
-            delivery_tag=tag,
-        )
+        message = message_of(delivered, body, headers, attempt, tag)
         if self.conflation is None:
             return await self._run(message)
         key = key_of(headers.get(self._conflate_header or ""))
@@ -288,7 +247,7 @@ class Dispatcher:
         delivered: Delivery,
         tracker: AckTracker,
         tag: int,
-        outcome: Any,
+        outcome: HandlerOutcome,
         headers: dict[str, Any],
         attempt: int,
         deliveries: int,
@@ -331,7 +290,7 @@ class Dispatcher:
             tracker,
             tag,
             attempt,
-            _traceback_of(outcome),
+            traceback_of(outcome),
             deliveries,
         )
         if hooks is not None:
@@ -343,7 +302,7 @@ class Dispatcher:
         if self.hooks is not None:
             self.hooks.confirmed(tracker, tag)
 
-    async def _run(self, message: Message) -> Any:
+    async def _run(self, message: Message) -> HandlerOutcome:
         """The handler's outcome for ``message`` (in a store transaction with --dedupe)."""
         if self.dedupe is not None:
             return await self.dedupe.handle(message)
@@ -365,17 +324,6 @@ class Dispatcher:
             self._conflate_header,
             key,
             extra={"message_id": message_id, "attempt": attempt, "decision": "superseded"},
-        )
-
-    def _redelivered(self, message_id: str | None, attempt: int, delivered: int) -> None:
-        """A crash loop shows here: attempts stay put (no failure is ever recorded) while the
-        broker's delivery count rises until its delivery limit parks the message."""
-        log.warning(
-            "redelivered (delivery %d): an earlier delivery of this message did not finish "
-            "(a worker crash or kill, a lost connection, a stop past the grace); the queue's "
-            "delivery limit parks it if this repeats",
-            delivered,
-            extra={"message_id": message_id, "attempt": attempt, "delivered": delivered},
         )
 
     def _check_threads(self, threads: HandlerThreads) -> None:
@@ -431,21 +379,7 @@ class Dispatcher:
         (once per delivery): a hole in the settling would otherwise show only as a stall."""
         self._watch = None
         tracker = self._tracker
-        for tag, message_id, age_s in tracker.newly_overdue(self._watch_after_s):
-            log.warning(
-                "delivery %d (message_id %s) from %s unsettled for %.0fs, past the handler "
-                "timeout: nothing acked, retried or parked it yet",
-                tag,
-                message_id,
-                self.config.queue,
-                age_s,
-                extra={
-                    "message_id": message_id,
-                    "delivery_tag": tag,
-                    "queue": self.config.queue,
-                    "age_s": round(age_s, 1),
-                },
-            )
+        warn_overdue(tracker, self._watch_after_s, self.config.queue)
         if tracker.outstanding and not self._stopping:
             self._watch = self._arm_watchdog()
 

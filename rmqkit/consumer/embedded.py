@@ -24,12 +24,12 @@ from typing import Any
 from rmqkit.broker.session import session
 from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, refuse_without_keyring
 from rmqkit.consumer.dedupe import dedupe_config
-from rmqkit.consumer.health_server import HealthServer
+from rmqkit.consumer.health_server import HealthServer, heartbeat
 from rmqkit.consumer.hooks import HookRunner, Hooks, hooks_for
 from rmqkit.consumer.lanes import run_consumers
 from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
 from rmqkit.consumer.metrics import ConsumerMetrics
-from rmqkit.consumer.resolve import resolve_config
+from rmqkit.consumer.resolve import check_arguments, resolve_config
 from rmqkit.consumer.routing import Router
 from rmqkit.consumer.runner import QueueConsumer
 from rmqkit.crypto import KeyRing, load_keyring
@@ -86,7 +86,7 @@ class Consumer:
         start_timeout_s: float = 30.0,
         hooks: Hooks | None = None,
     ) -> None:
-        _check_arguments(
+        check_arguments(
             queue, prefetch, concurrency, max_attempts, handler_timeout_s, grace_s, start_timeout_s
         )
         self.queue = queue
@@ -315,7 +315,7 @@ class Consumer:
     async def _serve(self) -> None:
         """Run every served queue's consumer until stopped; release everything after."""
         assert self._metrics is not None  # built by start() or _resolved()
-        beat = asyncio.create_task(_heartbeat(self._metrics))
+        beat = asyncio.create_task(heartbeat(self._metrics))
         hooks = self._hook_runner
         calls = asyncio.create_task(hooks.run()) if hooks is not None else None
         try:
@@ -383,36 +383,3 @@ class Consumer:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
-
-
-def _check_arguments(
-    queue: str,
-    prefetch: int | None,
-    concurrency: int | None,
-    max_attempts: int | None,
-    handler_timeout_s: float | None,
-    grace_s: float,
-    start_timeout_s: float,
-) -> None:
-    """The limits ``rmqkit consume``'s options have, as UsageError naming the argument."""
-    if not isinstance(queue, str) or not queue.strip():
-        raise UsageError("queue must name the work queue to consume")
-    if prefetch is not None and not 1 <= prefetch <= 65535:
-        raise UsageError(f"prefetch must be 1-65535, not {prefetch!r}")
-    for name, value in (("concurrency", concurrency), ("max_attempts", max_attempts)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name} must be at least 1, not {value!r}")
-    if handler_timeout_s is not None and not handler_timeout_s > 0:
-        raise UsageError(f"handler_timeout_s must be above 0, not {handler_timeout_s!r}")
-    if not grace_s >= 0:
-        raise UsageError(f"grace_s must be 0 or more, not {grace_s!r}")
-    if not start_timeout_s > 0:
-        raise UsageError(f"start_timeout_s must be above 0, not {start_timeout_s!r}")
-
-
-async def _heartbeat(metrics: ConsumerMetrics) -> None:
-    # /healthz reads the age of the last beat: a blocked event loop shows as unhealthy.
-    with contextlib.suppress(asyncio.CancelledError):
-        while True:
-            metrics.heartbeat()
-            await asyncio.sleep(1.0)

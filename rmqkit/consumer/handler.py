@@ -4,8 +4,8 @@
 runs the handler (``async def`` awaited in the event loop; plain ``def`` in a thread pool:
 ``asyncio.to_thread``, an executor, or the consumer's HandlerThreads, so it cannot block the loop),
 applies the handler timeout through one shared timer per loop, and turns the way it ended into an
-Outcome (Success, Failed, HandlerTimeout, Undecodable, UnroutableType for a routed handler with
-no route for the message).
+HandlerOutcome (Success, Failed, HandlerTimeout, Undecodable, UnroutableType for a routed handler
+with no route for the message).
 
 The loading names (``load_handler``, ``LoadedHandler``, ``HandlerInput``) are re-exported here, so
 ``rmqkit.consumer.handler`` stays the one import for both halves.
@@ -27,15 +27,15 @@ from pydantic import ValidationError
 
 from rmqkit.consumer.decision import (
     Failed,
+    HandlerOutcome,
     HandlerTimeout,
-    Outcome,
-    QueuePolicy,
     Success,
     Undecodable,
     qualified_type_name,
 )
 from rmqkit.consumer.loading import HandlerInput, LoadedHandler, load_handler, one_line, type_label
 from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.consumer.threads import HandlerThreads
 
 # --- running -------------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ async def run_handler(
     permanent_types: frozenset[str],
     executor: Executor | HandlerThreads | None = None,
     transaction: Any = None,
-) -> Outcome:
+) -> HandlerOutcome:
     """Run ``handler`` on ``message`` and say how it ended. Never raises, except CancelledError
     (and BaseExceptions such as SystemExit/KeyboardInterrupt, which are not outcomes).
 
@@ -249,7 +249,7 @@ async def _in_thread(
         await result
 
 
-def _classify(exc: Exception, permanent_types: frozenset[str]) -> Outcome:
+def _classify(exc: Exception, permanent_types: frozenset[str]) -> HandlerOutcome:
     if isinstance(exc, DecodeError):
         return _undecodable(exc, str(exc))
     if isinstance(exc, ValidationError):

@@ -259,4 +259,13 @@ class HealthServer:
             await asyncio.wait_for(writer.drain(), self.read_timeout_s)
 
 
-__all__ = ["HealthServer"]
+__all__ = ["HealthServer", "heartbeat"]
+
+
+async def heartbeat(metrics: ConsumerMetrics) -> None:
+    """Beat once a second until cancelled: /healthz reads the age of the last beat, so a
+    blocked event loop shows as unhealthy."""
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            metrics.heartbeat()
+            await asyncio.sleep(1.0)

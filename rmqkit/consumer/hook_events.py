@@ -11,21 +11,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 from rmqkit import headers as h
 from rmqkit.consumer.copies import describe_error  # the parked copy's own text of it
-from rmqkit.consumer.outcomes import Failed, qualified_type_name
+from rmqkit.consumer.outcomes import Failed, HandlerOutcome, qualified_type_name
 from rmqkit.delay import delivered_route
 from rmqkit.headers import public_type_name
 
 if TYPE_CHECKING:
     from rmqkit.consumer.config import ConsumerConfig
-    from rmqkit.consumer.decision import Park, Retry
+    from rmqkit.consumer.decision import Park, RetryLater
 
-__all__ = ["OutcomeEvent", "OutcomeKind", "copy_event", "internal_error_event", "success_event"]
+__all__ = [
+    "OUTCOME_KINDS",
+    "OutcomeEvent",
+    "OutcomeKind",
+    "copy_event",
+    "internal_error_event",
+    "success_event",
+]
 
 OutcomeKind = Literal["success", "retry", "park"]
+OUTCOME_KINDS: Final[tuple[OutcomeKind, ...]] = get_args(OutcomeKind)
 
 
 @dataclass(frozen=True)
@@ -84,8 +92,8 @@ def copy_event(
     config: ConsumerConfig,
     message_id: str | None,
     attempt: int,
-    decision: Retry | Park,
-    outcome: object,
+    decision: RetryLater | Park,
+    outcome: HandlerOutcome,
 ) -> OutcomeEvent:
     """The event of a retry or park ``decision``: its error as the copy's headers record it
     (already withheld on a delivery with decrypted fields, whose outcome then holds no
@@ -104,7 +112,7 @@ def copy_event(
     reason = getattr(decision, "reason", None)
     if reason is not None:
         return OutcomeEvent("park", queue, message_id, attempt, reason=reason.value, **common)
-    retry: Retry = decision  # type: ignore[assignment]
+    retry: RetryLater = decision  # type: ignore[assignment]
     waited_ms = retry.expiration_ms if retry.expiration_ms is not None else retry.delay_ms
     tier = tier_names[retry.tier_index] if retry.tier_index < len(tier_names) else None
     return OutcomeEvent(

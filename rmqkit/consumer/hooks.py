@@ -34,6 +34,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, Final
 
 from rmqkit.consumer.hook_events import (
+    OUTCOME_KINDS,
     OutcomeEvent,
     OutcomeKind,
     copy_event,
@@ -84,7 +85,7 @@ class Hooks:
     max_pending: int = DEFAULT_MAX_PENDING
 
     def __post_init__(self) -> None:
-        for kind in ("success", "retry", "park"):
+        for kind in OUTCOME_KINDS:
             hook = getattr(self, f"on_{kind}")
             if hook is not None and not callable(hook):
                 raise ConfigError(f"Hooks(on_{kind}=...) must be callable, not {hook!r}")
@@ -106,7 +107,7 @@ class Hooks:
         """One line for the start-up log, e.g. ``on_park=app.alerts.on_park (timeout 5s)``."""
         named = [
             f"on_{kind}={hook_name(hook)}"
-            for kind in ("success", "retry", "park")
+            for kind in OUTCOME_KINDS
             if (hook := getattr(self, f"on_{kind}")) is not None
         ]
         return f"{', '.join(named) or 'none'} (timeout {self.timeout_s:g}s)"

@@ -14,11 +14,11 @@ the consumer runs makes only its own QueueConsumer wait for it (rmqkit.consumer.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rmqkit.consumer.runner import QueueConsumer
+from rmqkit.names import is_lane_of, partition_index
 from rmqkit.topology.model import Topology
 
 __all__ = ["Served", "run_consumers", "served_from_names", "served_from_topology"]
@@ -57,13 +57,10 @@ def served_from_names(names: Iterable[str], queue: str) -> list[Served]:
     """The same without a topology file, from the names of the vhost's queues: ``QUEUE.pI``
     when QUEUE itself does not exist, else QUEUE and its ``QUEUE.lane.NAME`` queues."""
     names = set(names)
-    base = re.escape(queue)
-    partition = re.compile(rf"{base}\.p(\d+)")
-    parts = sorted((int(m.group(1)), n) for n in names if (m := partition.fullmatch(n)) is not None)
+    parts = sorted((index, n) for n in names if (index := partition_index(n, queue)) is not None)
     if queue not in names and parts:
         return [Served(name) for _, name in parts]
-    lane = re.compile(rf"{base}\.lane\.[^.]+")
-    return [Served(queue), *(Served(n) for n in sorted(names) if lane.fullmatch(n))]
+    return [Served(queue), *(Served(n) for n in sorted(names) if is_lane_of(n, queue))]
 
 
 async def run_consumers(consumers: Sequence[QueueConsumer]) -> None:

@@ -26,12 +26,13 @@ import json
 import math
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
-from typing import Any
-
-from aio_pika.abc import AbstractIncomingMessage
+from typing import TYPE_CHECKING, Any
 
 from rmqkit import headers as h
 from rmqkit.consumer.attempts import attempt_number
+
+if TYPE_CHECKING:  # the client's message type, named through the broker layer
+    from rmqkit.broker.amqp import IncomingMessage
 
 
 class Permanent(Exception):
@@ -105,7 +106,7 @@ class Message:
     @classmethod
     def from_delivery(
         cls,
-        incoming: AbstractIncomingMessage,
+        incoming: IncomingMessage,
         *,
         queue: str,
         wait_queues: tuple[str, ...] = (),

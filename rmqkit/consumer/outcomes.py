@@ -121,7 +121,7 @@ class MissingMessageId:
 
 
 @dataclass(frozen=True)
-class Undecryptable:
+class DecryptFailed:
     """A field of the body cannot be decrypted (unknown key id, tampered, no key ring, malformed
     envelope): park now, never retried, never handed to the handler half-decrypted.
 
@@ -134,19 +134,19 @@ class Undecryptable:
     error_type: ClassVar[str] = "rmqkit.Undecryptable"
 
 
-Outcome = (
-    Success | Failed | HandlerTimeout | Undecodable | TooLarge | MissingMessageId | Undecryptable
+HandlerOutcome = (
+    Success | Failed | HandlerTimeout | Undecodable | TooLarge | MissingMessageId | DecryptFailed
 )
 
 __all__ = [
+    "DecryptFailed",
     "Failed",
+    "HandlerOutcome",
     "HandlerTimeout",
     "MissingMessageId",
-    "Outcome",
     "Success",
     "TooLarge",
     "Undecodable",
-    "Undecryptable",
     "UnroutableType",
     "qualified_type_name",
 ]

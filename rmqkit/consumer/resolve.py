@@ -29,11 +29,11 @@ from rmqkit.consumer.wiring import (
     read_wiring,
     wiring_warnings,
 )
-from rmqkit.errors import AccessRefused, BrokerUnavailable
+from rmqkit.errors import AccessRefused, BrokerUnavailable, UsageError
 from rmqkit.settings import Settings
 from rmqkit.topology.model import Topology
 
-__all__ = ["resolve_config"]
+__all__ = ["check_arguments", "resolve_config"]
 
 
 async def resolve_config(
@@ -113,3 +113,28 @@ def _one(
         check_wiring(snapshot, policy, discover_wait=True)
         config = build_config(handler, queue, policy, flags, None, timeout, loaded)
     return replace(config, warnings=(*config.warnings, *wiring_warnings(snapshot, policy)))
+
+
+def check_arguments(
+    queue: str,
+    prefetch: int | None,
+    concurrency: int | None,
+    max_attempts: int | None,
+    handler_timeout_s: float | None,
+    grace_s: float,
+    start_timeout_s: float,
+) -> None:
+    """The limits ``rmqkit consume``'s options have, as UsageError naming the argument."""
+    if not isinstance(queue, str) or not queue.strip():
+        raise UsageError("queue must name the work queue to consume")
+    if prefetch is not None and not 1 <= prefetch <= 65535:
+        raise UsageError(f"prefetch must be 1-65535, not {prefetch!r}")
+    for name, value in (("concurrency", concurrency), ("max_attempts", max_attempts)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be at least 1, not {value!r}")
+    if handler_timeout_s is not None and not handler_timeout_s > 0:
+        raise UsageError(f"handler_timeout_s must be above 0, not {handler_timeout_s!r}")
+    if not grace_s >= 0:
+        raise UsageError(f"grace_s must be 0 or more, not {grace_s!r}")
+    if not start_timeout_s > 0:
+        raise UsageError(f"start_timeout_s must be above 0, not {start_timeout_s!r}")

@@ -6,8 +6,9 @@ cautious after a crash), registers the consumer, acks the finished prefix of tag
 ``multiple=True`` every few milliseconds (the flusher), and on stop cancels the consumer, lets
 in-flight handlers finish within the grace and acks what finished. What happens to each delivery
 (handler, outcome, retry/park copy) is rmqkit.consumer.dispatch's ``Dispatcher``, which
-QueueConsumer extends: the client hands each delivery to ``_on_delivery`` as its own task. The
-public ``rmqkit.Consumer`` (rmqkit.consumer.embedded) runs one per queue it serves.
+QueueConsumer holds (``self.dispatcher``): the client hands each delivery to its ``_on_delivery``
+as its own task. The public ``rmqkit.Consumer`` (rmqkit.consumer.embedded) runs one
+QueueConsumer per queue it serves.
 
 A basic.cancel from the broker (4.3: the queue's consumer timeout; any version: the queue was
 deleted) is treated like a lost channel: logged, ``consuming`` false (``/readyz`` fails), and the
@@ -34,12 +35,14 @@ from time import monotonic
 from rmqkit.broker.session import CONNECTION_ERRORS, Channel, Session, open_session
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.config import ConsumerConfig
+from rmqkit.consumer.dedupe import DedupeStep
 from rmqkit.consumer.dispatch import Dispatcher
 from rmqkit.consumer.handler import LoadedHandler
 from rmqkit.consumer.hooks import HookRunner
 from rmqkit.consumer.metrics import ConsumerMetrics
 from rmqkit.consumer.refusals import Backoff
-from rmqkit.consumer.wiring import QueueIdentity, identity_changes, read_identity
+from rmqkit.consumer.threads import HandlerThreads
+from rmqkit.consumer.watch import QueueWatch
 from rmqkit.crypto import KeyRing
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
 from rmqkit.settings import Settings
@@ -56,7 +59,6 @@ CAUTIOUS_MIN_S = 15.0
 # declares on the consumer's own connection: cheap, but not in a tight loop for hours).
 RECHECK_CAP_S = 10.0
 STILL_WAITING_EVERY_S = 60.0  # how often the log repeats that a queue is still missing
-IDENTITY_TIMEOUT_S = 5.0  # reading a queue's declaration through the management API
 
 
 class ConsumerCancelled(ConnectionError):
@@ -66,7 +68,7 @@ class ConsumerCancelled(ConnectionError):
 __all__ = ["Backoff", "ConsumerCancelled", "QueueConsumer"]
 
 
-class QueueConsumer(Dispatcher):
+class QueueConsumer:
     """Consume one work queue until ``stop()``; reconnects by itself across the URLs. (The
     public ``rmqkit.Consumer``, rmqkit.consumer.embedded, runs one per queue it serves.)"""
 
@@ -82,22 +84,12 @@ class QueueConsumer(Dispatcher):
         missing_is_fatal: bool = True,
         hooks: HookRunner | None = None,
     ) -> None:
-        super().__init__(config, handler, metrics, keyring, hooks)
+        # one delivery's path (checks, handler, outcome, copies, acks) is the dispatcher's; this
+        # class owns the connection around it
+        self.dispatcher = Dispatcher(config, handler, metrics, keyring, hooks)
+        self.metrics = metrics
         self.settings = settings
-        # Until the first consume: a missing queue means the topology was never declared (78).
-        # After it (or in a worker restarted by the supervisor): the queue was deleted under a
-        # running consumer, which waits for it instead of stopping every queue it serves.
-        self._missing_is_fatal = missing_is_fatal
-        # What the consumed queue was declared as when first consumed (management API; None
-        # until read, or if it could not be): a queue declared again otherwise is not consumed.
-        self._identity: QueueIdentity | None = None
-        self._identity_task: asyncio.Task[None] | None = None
-        # Set when the queue may have been deleted and declared again (the broker cancelled our
-        # consumer, or the queue was found missing): the next consume first compares its
-        # declaration. Not on every reconnect: after a failover the management API of the lost
-        # node may take its whole timeout to fail, and that would delay every reconnect.
-        self._suspect = False
-        self._missing: list[str] = []  # the queues found missing by the latest check
+        self.watch = QueueWatch(settings, config.queue, missing_is_fatal=missing_is_fatal)
         # After a crash: prefetch 1 until CAUTIOUS_SETTLED messages have been settled, so a
         # message that kills the process spends only its own delivery attempts.
         self._cautious = cautious
@@ -106,15 +98,48 @@ class QueueConsumer(Dispatcher):
         self._consumer_tag = ""
 
     # --- lifecycle ---------------------------------------------------------------------------
+    @property
+    def config(self) -> ConsumerConfig:
+        """The served queue's configuration (one object, shared with the dispatcher)."""
+        return self.dispatcher.config
+
+    @config.setter
+    def config(self, config: ConsumerConfig) -> None:
+        self.dispatcher.config = config
+
+    def stop(self) -> None:
+        """Stop consuming: finish what is in flight, ack it, close (see ``Dispatcher.stop``)."""
+        self.dispatcher.stop()
+
+    @property
+    def processed(self) -> int:
+        """Deliveries settled in this process."""
+        return self.dispatcher.processed
+
+    @property
+    def recycle(self) -> bool:
+        """Whether the dispatcher asked for a fresh process (handlers stuck past their timeout)."""
+        return self.dispatcher.recycle
+
+    @property
+    def threads(self) -> HandlerThreads | None:
+        """The handler threads (plain ``def`` handlers), None for an async handler."""
+        return self.dispatcher.threads
+
+    @property
+    def dedupe(self) -> DedupeStep | None:
+        """The ``--dedupe`` step, None without it."""
+        return self.dispatcher.dedupe
+
     def _enter_cautious(self) -> None:
         self._cautious = True
-        self._cautious_until = self.processed + CAUTIOUS_SETTLED
+        self._cautious_until = self.dispatcher.processed + CAUTIOUS_SETTLED
         self._cautious_since = monotonic()
 
     def close(self) -> None:
         """Release the handler threads without waiting for ones still running."""
-        if self.threads is not None:
-            self.threads.close()
+        if self.dispatcher.threads is not None:
+            self.dispatcher.threads.close()
 
     async def run(self) -> None:
         """Consume until stopped. Raises AccessRefused/ConfigError (fatal); retries the rest."""
@@ -122,7 +147,7 @@ class QueueConsumer(Dispatcher):
         urls = list(self.settings.amqp_urls)
         start = 0
         first = True
-        while not self._stopping:
+        while not self.dispatcher._stopping:
             order = urls[start:] + urls[:start]
             try:
                 # Typed (exact) decoding: pamqp's own decoder fails the whole connection on
@@ -140,7 +165,7 @@ class QueueConsumer(Dispatcher):
                 delay = backoff.next_delay()
                 log.warning("broker unavailable (%s); retrying in %.1fs", exc, delay)
                 start = (start + 1) % len(urls)
-                await self._sleep_unless_stopped(delay)
+                await self.dispatcher._sleep_unless_stopped(delay)
                 continue
             if not first:
                 self.metrics.reconnected()
@@ -163,7 +188,7 @@ class QueueConsumer(Dispatcher):
                     delay,
                 )
                 start = (start + 1) % len(urls)
-                await self._sleep_unless_stopped(delay)
+                await self.dispatcher._sleep_unless_stopped(delay)
             finally:
                 self.metrics.set_connected(False, self.config.queue)
                 self.metrics.set_consuming(False, self.config.queue)
@@ -180,10 +205,10 @@ class QueueConsumer(Dispatcher):
     async def _consume(self, conn: Session) -> None:
         if not await self._wait_until_consumable(conn):
             return  # stopped while waiting for a queue
-        channel = self._channel = await conn.channel(confirms=True)
-        await channel.qos(1 if self._cautious else self.prefetch)
+        channel = self.dispatcher._channel = await conn.channel(confirms=True)
+        await channel.qos(1 if self._cautious else self.dispatcher.prefetch)
         tracker = AckTracker()
-        self._tracker = tracker
+        self.dispatcher._tracker = tracker
         flusher = asyncio.create_task(self._flusher(channel, tracker))
         cancelled: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
@@ -195,20 +220,18 @@ class QueueConsumer(Dispatcher):
                 self.metrics.cancelled_by_broker(self.config.queue)
 
         channel.add_cancel_listener(on_cancel)
-        self._consumer_tag = await channel.consume(self.config.queue, self._on_delivery)
-        self._missing_is_fatal = False
-        if self._identity is None and (self._identity_task is None or self._identity_task.done()):
-            self._identity_task = asyncio.create_task(self._remember_identity())
+        self._consumer_tag = await channel.consume(self.config.queue, self.dispatcher._on_delivery)
+        self.watch.consumed()
         self.metrics.set_connected(True, self.config.queue)
         self.metrics.set_consuming(True, self.config.queue)
         log.info(
             "consuming %s on %s (prefetch %s; hooks: %s)",
             self.config.queue,
             conn.display_url,
-            "1, cautious after a crash" if self._cautious else self.prefetch,
-            "none" if self.hooks is None else self.hooks.hooks.describe(),
+            "1, cautious after a crash" if self._cautious else self.dispatcher.prefetch,
+            "none" if self.dispatcher.hooks is None else self.dispatcher.hooks.hooks.describe(),
         )
-        stop_wait = asyncio.ensure_future(self._stop.wait())
+        stop_wait = asyncio.ensure_future(self.dispatcher._stop.wait())
         closing = asyncio.ensure_future(channel.closing)
         # A memory or disk alarm blocks this connection at its first retry or park publish,
         # and then its acks wait too: say so at once and while it lasts, or a stalled consumer
@@ -217,7 +240,7 @@ class QueueConsumer(Dispatcher):
             log.warning,
             every_s=BLOCKED_EVERY_S,
             what="this consumer (its acks, retries and parks wait)",
-            progress=lambda: f"{self._in_flight} message(s) in hand",
+            progress=lambda: f"{self.dispatcher._in_flight} message(s) in hand",
         )
         try:
             async with blocks:
@@ -236,9 +259,9 @@ class QueueConsumer(Dispatcher):
                         cancelled.result(),
                         self.config.queue,
                         self.config.consumer_timeout_s,
-                        self._in_flight,
+                        self.dispatcher._in_flight,
                     )
-                    self._suspect = True
+                    self.watch.suspect = True
                     raise ConsumerCancelled(
                         f"consumer {cancelled.result()} cancelled by the broker"
                     )
@@ -248,7 +271,7 @@ class QueueConsumer(Dispatcher):
             stop_wait.cancel()
             closing.cancel()
             tracker.alive = False
-            self._flush_wanted.set()
+            self.dispatcher._flush_wanted.set()
             flusher.cancel()
             await channel.publisher.close()
 
@@ -262,9 +285,9 @@ class QueueConsumer(Dispatcher):
         if problem is None:
             self.metrics.set_waiting(queue, None)
             return True
-        if self._missing_is_fatal and self._missing:
+        if self.watch.missing_is_fatal and self.watch.missing:
             raise ConfigError(
-                f"queue {self._missing[0]!r} does not exist — run `rmqkit declare` for the "
+                f"queue {self.watch.missing[0]!r} does not exist — run `rmqkit declare` for the "
                 "topology first (retries and parking need their queues)"
             )
         backoff = Backoff(base_s=1.0, cap_s=RECHECK_CAP_S)
@@ -283,8 +306,8 @@ class QueueConsumer(Dispatcher):
                     RECHECK_CAP_S,
                 )
                 logged, logged_at = problem, monotonic()
-            await self._sleep_unless_stopped(backoff.next_delay())
-            if self._stopping:
+            await self.dispatcher._sleep_unless_stopped(backoff.next_delay())
+            if self.dispatcher._stopping:
                 return False
             problem = await self._problem(conn)
             if problem is None:
@@ -293,54 +316,9 @@ class QueueConsumer(Dispatcher):
                 return True
 
     async def _problem(self, conn: Session) -> str | None:
-        """Why this consumer cannot consume now (a queue it needs is missing, or its own was
-        declared again with other arguments), or None."""
-        queue = self.config.queue
-        missing = self._missing = []
-        for name in (queue, self.config.policy.parking_queue, *self._wait_queues):
-            try:
-                exists = await conn.queue_exists(name)
-            except RmqkitError as exc:
-                # A lost connection or a broker error while probing (the session maps them):
-                # reconnect, as for any other failure on this connection.
-                raise ConnectionError(str(exc)) from exc
-            if not exists:
-                missing.append(name)
-        if missing:
-            self._suspect = True
-        if missing == [queue]:
-            return f"queue {queue!r} does not exist (deleted?): not consuming it until it is back"
-        if missing:
-            names = ", ".join(repr(n) for n in missing)
-            which = "queue" if len(missing) == 1 else "queues"
-            verb = "does" if len(missing) == 1 else "do"
-            return f"{which} {names} {verb} not exist (deleted?): not consuming {queue!r}"
-        if self._identity is None or not self._suspect:
-            return None
-        now = await self._read_identity()
-        if now is None:
-            log.warning(
-                "could not read how queue %r is declared now (management API); consuming it "
-                "without checking that it is declared as when this consumer started",
-                queue,
-            )
-            self._suspect = False
-            return None
-        changes = identity_changes(self._identity, now)
-        if not changes:
-            self._suspect = False
-            return None
-        return (
-            f"queue {queue!r} is declared with other settings than when this consumer started "
-            f"({'; '.join(changes)}): not consuming it — declare it as the topology says "
-            "(delete it, then `rmqkit declare`), or restart the consumer to accept it"
-        )
-
-    async def _read_identity(self) -> QueueIdentity | None:
-        return await read_identity(self.settings, self.config.queue, IDENTITY_TIMEOUT_S)
-
-    async def _remember_identity(self) -> None:
-        self._identity = await self._read_identity()
+        """Why this consumer cannot consume now (QueueWatch.problem), or None."""
+        policy = self.config.policy
+        return await self.watch.problem(conn, [policy.parking_queue, *self.dispatcher._wait_queues])
 
     async def _drain(self, channel: Channel, consumer_tag: str, tracker: AckTracker) -> None:
         """Graceful stop: cancel the consumer, let in-flight handlers finish, ack, close."""
@@ -350,24 +328,26 @@ class QueueConsumer(Dispatcher):
         except Exception:
             return  # channel already gone: the broker requeues everything unacked
         deadline = monotonic() + self.config.grace_s
-        while self._in_flight and monotonic() < deadline:
-            self._idle.clear()
+        while self.dispatcher._in_flight and monotonic() < deadline:
+            self.dispatcher._idle.clear()
             try:
-                await asyncio.wait_for(self._idle.wait(), timeout=max(0.0, deadline - monotonic()))
+                await asyncio.wait_for(
+                    self.dispatcher._idle.wait(), timeout=max(0.0, deadline - monotonic())
+                )
             except TimeoutError:
                 break
-        if self._in_flight:
+        if self.dispatcher._in_flight:
             log.warning(
                 "grace period over with %d handler(s) still running; their messages "
                 "will be redelivered",
-                self._in_flight,
+                self.dispatcher._in_flight,
             )
-        await self._flush(channel, tracker, everything=True)
+        await self.dispatcher._flush(channel, tracker, everything=True)
         await channel.close()
 
     # --- acks --------------------------------------------------------------------------------
     async def _flusher(self, channel: Channel, tracker: AckTracker) -> None:
-        wanted = self._flush_wanted
+        wanted = self.dispatcher._flush_wanted
         while tracker.alive:
             if self._cautious:  # wake up now and then to see whether caution may end
                 with contextlib.suppress(TimeoutError):
@@ -375,14 +355,14 @@ class QueueConsumer(Dispatcher):
             else:
                 await wanted.wait()
             wanted.clear()
-            if tracker.pending_acks < self._flush_threshold:
+            if tracker.pending_acks < self.dispatcher._flush_threshold:
                 await asyncio.sleep(self.config.ack_flush_s)
             if not tracker.alive:
                 return
-            await self._flush(channel, tracker)
+            await self.dispatcher._flush(channel, tracker)
             if (
                 self._cautious
-                and self.processed >= self._cautious_until
+                and self.dispatcher.processed >= self._cautious_until
                 and monotonic() - self._cautious_since >= CAUTIOUS_MIN_S
             ):
                 self._cautious = False
@@ -391,10 +371,10 @@ class QueueConsumer(Dispatcher):
     async def _widen_prefetch(self, channel: Channel) -> None:
         """Leave cautious mode. basic.qos only applies to consumers created after it, so a new
         consumer takes over at the full prefetch and the prefetch-1 one is cancelled."""
-        await channel.qos(self.prefetch)
+        await channel.qos(self.dispatcher.prefetch)
         old_tag = self._consumer_tag
-        self._consumer_tag = await channel.consume(self.config.queue, self._on_delivery)
+        self._consumer_tag = await channel.consume(self.config.queue, self.dispatcher._on_delivery)
         await channel.cancel(old_tag)
-        log.info("left cautious mode: prefetch %d", self.prefetch)
+        log.info("left cautious mode: prefetch %d", self.dispatcher.prefetch)
 
     # _flush (what is finished goes out as acks) is the Dispatcher's.

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.snapshot import (
@@ -36,9 +35,10 @@ from rmqkit.broker.snapshot import (
     read_snapshot,
 )
 from rmqkit.consumer.config import DEFAULT_MAX_ATTEMPTS
-from rmqkit.consumer.decision import QueuePolicy
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.durations import parse_duration_ms
 from rmqkit.errors import ConfigError, RmqkitError
+from rmqkit.names import slot_text, wait_delay_ms
 from rmqkit.settings import Settings
 
 log = logging.getLogger("rmqkit.consumer")
@@ -156,21 +156,15 @@ def _shown(value: object) -> str:
 
 def wait_tier_of(name: str, queue: str) -> int | None:
     """The tier delay (ms) of ``name`` if it is named as a wait queue of ``queue``, else None."""
-    prefix = f"{queue}.wait."
-    if not name.startswith(prefix):
-        return None
-    try:
-        return parse_duration_ms(name[len(prefix) :].split(".slot-", 1)[0])
-    except ValueError:
-        return None
+    return wait_delay_ms(name, queue)
 
 
 def _slot_order(name: str) -> tuple[int, str]:
-    match = re.search(r"\.slot-(\w+)$", name)
-    if match is None:
+    ttl = slot_text(name)
+    if ttl is None:
         return (1 << 62, name)
     try:
-        return (parse_duration_ms(match.group(1)), name)
+        return (parse_duration_ms(ttl), name)
     except ValueError:
         return (1 << 61, name)
 

@@ -8,7 +8,7 @@ import asyncio
 
 from rmqkit.broker.snapshot import Snapshot
 from rmqkit.consumer.config import DEFAULT_MAX_ATTEMPTS, policy_from_topology
-from rmqkit.consumer.decision import QueuePolicy
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.consumer.wiring import policy_from_snapshot
 from rmqkit.errors import ConfigError
 from rmqkit.health.findings import DedupeWindow

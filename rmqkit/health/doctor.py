@@ -32,7 +32,8 @@ from rmqkit.health.findings import (
 from rmqkit.health.roles import Role, classify
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology
-from rmqkit.topology.expand import Via, expand
+from rmqkit.topology.desired import Via
+from rmqkit.topology.expand import expand
 from rmqkit.topology.plan import LiveState, Plan, compute_plan
 
 CheckStatus = Literal["ok", "warning", "critical", "skipped"]

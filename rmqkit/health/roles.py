@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Literal
 
+from rmqkit import names
 from rmqkit.broker.snapshot import Snapshot
 from rmqkit.health.delayed import ladder_target, rung_names
-
-_FLOW_QUEUE = re.compile(r"^(?P<parent>.+)\.(?:lane\.[^.]+|p\d+)$")
 
 Role = Literal["work", "wait", "parking", "delay", "other"]
 
@@ -33,7 +31,7 @@ def classify(
     parking = {
         name
         for name, q in snapshot.queues.items()
-        if name.endswith(".parking") or (name in dl_targets and q.dead_letter_exchange is None)
+        if names.is_parking_name(name) or (name in dl_targets and q.dead_letter_exchange is None)
     }
     for name, queue in snapshot.queues.items():
         found = targets[name] or []
@@ -63,10 +61,9 @@ def flow_parent(owner: str, roles: dict[str, tuple[Role, str]], queues: Iterable
     grouping (issue 15): when ``W`` is a work queue or, partitioned (no queue of its own),
     ``W.parking`` exists. Any other name is returned as it is. (``classify`` itself keeps
     each lane and partition its own work queue, as a topology's expansion does.)"""
-    match = _FLOW_QUEUE.match(owner)
-    if match is None:
+    parent = names.flow_parent(owner)
+    if parent is None:
         return owner
-    parent = match["parent"]
-    if roles.get(parent, ("other", ""))[0] == "work" or f"{parent}.parking" in queues:
+    if roles.get(parent, ("other", ""))[0] == "work" or names.parking_queue(parent) in queues:
         return parent
     return owner

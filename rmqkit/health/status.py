@@ -22,6 +22,7 @@ from rmqkit.health.backlog import HeldBacklog, held_backlog, held_count
 from rmqkit.health.delayed import DelayedView, find_ladders, ladder_target, rung_names
 from rmqkit.health.quorum import QuorumState, quorum_state
 from rmqkit.health.roles import Role, classify, flow_parent
+from rmqkit.names import tier_of
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import parking_stats
 from rmqkit.settings import Settings
@@ -64,7 +65,7 @@ class QueueStatus:
         ladder rungs: the ladder's name (its rungs collapse into it)."""
         if self.role == "delay":
             return self.name.rpartition(".")[0]
-        return self.name.split(".slot-", 1)[0] if self.role == "wait" else None
+        return tier_of(self.name) if self.role == "wait" else None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

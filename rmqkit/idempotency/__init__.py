@@ -13,13 +13,11 @@ own writes gives exactly one effect per message (seeds 003 and 004). Public API:
   ``rmqkit consume --dedupe DSN``: the open connection of the message's transaction;
 * ``dedupe_status(dsn)`` and ``prune(dsn, older_than_s=None, batch=10000)``
   (``rmqkit dedupe status|prune``);
-* ``DedupeLanes`` — what the consumer runs deliveries through (batched transactions).
+* ``DedupeWorkers`` — what the consumer runs deliveries through (batched transactions).
 
 The consumer side is described in docs/idempotency.md.
 """
 
-from rmqkit.idempotency.jobs import HandlerEnd, LaneOptions, OrderKey, Verdict
-from rmqkit.idempotency.lanes import DedupeLanes
 from rmqkit.idempotency.maintenance import (
     DEFAULT_BATCH,
     DedupeStatus,
@@ -39,22 +37,24 @@ from rmqkit.idempotency.schema import (
     schema_statements,
 )
 from rmqkit.idempotency.upgrade import InitResult, Upgrade, init_store
+from rmqkit.idempotency.work import DedupeVerdict, HandlerEnd, OrderKey, WorkerOptions
+from rmqkit.idempotency.workers import DedupeWorkers
 
 __all__ = [
     "DEFAULT_BATCH",
     "DEFAULT_WINDOW_S",
     "PROCESSED_TABLE",
-    "DedupeLanes",
     "DedupeStatus",
+    "DedupeVerdict",
+    "DedupeWorkers",
     "HandlerEnd",
     "InitResult",
-    "LaneOptions",
     "OrderKey",
     "PruneResult",
     "ScopeRows",
     "Transaction",
     "Upgrade",
-    "Verdict",
+    "WorkerOptions",
     "dedupe_status",
     "default_scope",
     "format_window",

@@ -1,9 +1,9 @@
-"""The database connection of one dedupe lane, behind one async interface whatever the driver.
+"""The database connection of one dedupe worker, behind one async interface whatever the driver.
 
 An ``async def`` handler gets the asyncio connection rmqkit.store opens (psycopg
 ``AsyncConnection``, or rmqkit's thread-backed async SQLite connection); a plain ``def`` handler,
 which runs in a thread, gets a sync connection (``psycopg.Connection`` or ``sqlite3.Connection``)
-whose calls the lane makes on a thread of its own, so the event loop never waits on the database.
+whose calls the worker makes on a thread of its own, so the event loop never waits on the database.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from rmqkit.store import Dsn, map_db_error, open_connection, open_connection_asy
 from rmqkit.store.connect import SQLITE_BUSY_TIMEOUT_S
 
 
-class LaneConnection:
-    """One lane's connection behind one async interface, whatever the driver."""
+class WorkerConnection:
+    """One worker's connection behind one async interface, whatever the driver."""
 
     def __init__(self, handle: Any, executor: ThreadPoolExecutor | None) -> None:
         self.handle = handle  # what the handler receives
-        self._executor = executor  # sync drivers: their calls run on this lane's thread
+        self._executor = executor  # sync drivers: their calls run on this worker's thread
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         assert self._executor is not None
@@ -98,7 +98,7 @@ class LaneConnection:
 
 def _sqlite_for_threads(path: str) -> sqlite3.Connection:
     # As rmqkit.store opens SQLite, but usable from the handler threads too (one at a time: a
-    # lane runs its transaction's statements in sequence).
+    # worker runs its transaction's statements in sequence).
     connection = sqlite3.connect(
         path, timeout=SQLITE_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
     )
@@ -107,12 +107,12 @@ def _sqlite_for_threads(path: str) -> sqlite3.Connection:
     return connection
 
 
-async def open_lane_connection(dsn: Dsn, *, sync: bool) -> LaneConnection:
-    """A new connection for a lane: sync (for thread handlers) or asyncio; database failures
+async def open_worker_connection(dsn: Dsn, *, sync: bool) -> WorkerConnection:
+    """A new connection for a worker: sync (for thread handlers) or asyncio; database failures
     mapped to rmqkit errors (DatabaseUnavailable)."""
     try:
         if not sync:
-            return LaneConnection(await open_connection_async(dsn), None)
+            return WorkerConnection(await open_connection_async(dsn), None)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmqkit-dedupe")
         opener: Callable[[], Any]
         if dsn.backend == "sqlite":
@@ -124,9 +124,9 @@ async def open_lane_connection(dsn: Dsn, *, sync: bool) -> LaneConnection:
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return LaneConnection(handle, executor)
+        return WorkerConnection(handle, executor)
     except Exception as exc:
         raise (map_db_error(exc, dsn) or exc) from None
 
 
-__all__ = ["LaneConnection", "open_lane_connection"]
+__all__ = ["WorkerConnection", "open_worker_connection"]

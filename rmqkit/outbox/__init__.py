@@ -23,11 +23,11 @@ Relaying: ``rmqkit outbox init|relay|status --dsn DSN`` (``init``, ``run_relay``
 
 from __future__ import annotations
 
-from rmqkit.outbox.edge import Edge, Encryptor
 from rmqkit.outbox.relay import Relay, RelayOptions, RelayReport, run_relay
 from rmqkit.outbox.schema import TABLE, ddl, init
 from rmqkit.outbox.status import OutboxStatus, outbox_status
 from rmqkit.outbox.write import add, add_async, add_sqlalchemy, encode_body
+from rmqkit.publishing.routing import Edge, Encryptor
 
 __all__ = [
     "TABLE",

@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from rmqkit.broker.codec import headers_problem, wire_problem
 from rmqkit.broker.codec.properties import TypedProperties
 from rmqkit.broker.session import CONNECTION_ERRORS, Channel, Outcome, Session, open_session
 from rmqkit.errors import BrokerUnavailable, DataError
-from rmqkit.outbox.write import headers_problem, wire_problem
 from rmqkit.settings import Settings
 
 log = logging.getLogger("rmqkit.outbox")

@@ -143,7 +143,7 @@ class Batches(RelayBase):
     async def _publish(self, rows: list[Row], outcomes: list[Outcome | str | None]) -> list[Row]:
         """Route and publish one batch, ``outcomes`` filled in place; the routed rows."""
         self._routed = None
-        routed = await route_rows(self.edge, self.guard, self.broker.session, rows)
+        routed = await route_rows(self.edge, self.encryptor, self.broker.session, rows)
         self._routed = routed
         await self.broker.publish_in_order(
             routed, pipelined=self.options.pipelined, prepare=planner(self.edge), results=outcomes

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from rmqkit.outbox.amqp import Broker, Row
-from rmqkit.outbox.edge import Edge, Encryptor
 from rmqkit.outbox.metrics import RelayMetrics
 from rmqkit.outbox.options import RelayOptions, RelayReport
 from rmqkit.outbox.queries import queries_for
 from rmqkit.outbox.stopping import Stopping
+from rmqkit.publishing.routing import Edge, Encryptor
 from rmqkit.settings import Settings
 from rmqkit.store import AsyncConnection, Store
 
@@ -37,7 +37,7 @@ class RelayBase:
         self.edge = Edge(options.topology)
         # With a topology, rows for queues that encrypt are checked (never encrypted here: the
         # relay holds no key ring, and the table must not hold plaintext in the first place).
-        self.guard = Encryptor(topology=self.edge.topology)
+        self.encryptor = Encryptor(topology=self.edge.topology)
         self.pg = self.store.dialect.name == "postgresql"
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.broker = Broker(settings, window=max(options.batch, 1), name="rmqkit outbox relay")

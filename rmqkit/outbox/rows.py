@@ -1,5 +1,5 @@
 """The outbox relay's rows as they are published (``relay --topology``, ``add(delay=...)``):
-each to its lane or through the delay ladder (rmqkit.outbox.edge), and a row that must not or
+each to its lane or through the delay ladder (rmqkit.publishing.routing), and a row that must not or
 cannot go out as it is marked with its ``routing_problem`` (it stays pending with that error).
 
 A delayed row is published into the ladder only once the exit to its target has been declared
@@ -24,24 +24,26 @@ from dataclasses import replace
 from rmqkit.broker.session import Session
 from rmqkit.errors import DataError
 from rmqkit.outbox.amqp import Row
-from rmqkit.outbox.edge import Edge, Encryptor, Routed
+from rmqkit.publishing.routing import Edge, Encryptor, PublishRoute
 
 
-async def route_rows(edge: Edge, guard: Encryptor, session: Session, rows: list[Row]) -> list[Row]:
+async def route_rows(
+    edge: Edge, encryptor: Encryptor, session: Session, rows: list[Row]
+) -> list[Row]:
     """The rows as they are published: to their lane, or (delayed) marked with the target the
     ladder delivers them to, its exit declared in this batch; a row that cannot be routed gets
     its ``routing_problem``."""
     if edge.topology is None and all(row.delay_ms is None for row in rows):
         return rows
     out: list[Row] = []
-    delayed: list[tuple[int, Routed]] = []
+    delayed: list[tuple[int, PublishRoute]] = []
     for row in rows:
         try:
             headers = json.loads(row.headers) if row.headers else None
-            bare = guard.plaintext(row.exchange, row.routing_key, row.body, headers)
+            bare = encryptor.plaintext(row.exchange, row.routing_key, row.body, headers)
             if bare is not None:
                 raise DataError(bare)
-            # Routed here only for where it goes (lane, target, the delay asked for, with
+            # PublishRoute here only for where it goes (lane, target, the delay asked for, with
             # nothing deducted); the ladder's headers are planned as it is sent.
             routed = edge.route(
                 row.exchange, row.routing_key, headers, len(row.body), delay_ms=row.delay_ms

@@ -41,6 +41,7 @@ from rmqkit.broker.management import ManagementClient
 from rmqkit.broker.policies import DEFAULT_SOURCE_4X, Effective, resolve_queue
 from rmqkit.broker.session import Channel, Delivery, Session
 from rmqkit.errors import BrokerError, BrokerUnavailable, DataError
+from rmqkit.names import is_parking_name
 from rmqkit.parking.hints import limit_fix
 from rmqkit.parking.model import ParkedMessage
 
@@ -131,7 +132,7 @@ async def _resolved(
 def refuse_work_queue(queue: str, effective: Effective) -> None:
     """DataError (65) if ``queue`` is a work queue: it dead-letters into its parking queue."""
     parking = effective.settings.get("dead-letter-routing-key")
-    if isinstance(parking, str) and parking != queue and parking.endswith(".parking"):
+    if isinstance(parking, str) and parking != queue and is_parking_name(parking):
         raise DataError(
             f"{queue!r} is a work queue (it dead-letters to {parking!r}), not a parking queue — "
             f"did you mean {parking!r}?"

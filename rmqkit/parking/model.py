@@ -12,8 +12,8 @@ from typing import Any
 
 from rmqkit import headers as h
 from rmqkit.broker.codec import Properties
-from rmqkit.consumer.attempts import DeathReason, read_death_history
 from rmqkit.crypto import KeyRing, Matcher, decrypt_fields, redact_fields
+from rmqkit.deaths import DeathReason, read_death_history
 
 REDACTED = "***"
 

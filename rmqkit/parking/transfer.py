@@ -18,6 +18,7 @@ from rmqkit.broker.session import Outcome, Session, open_session, outcome_of
 from rmqkit.crypto import KeyRing
 from rmqkit.errors import BrokerUnavailable, DataError, UsageError
 from rmqkit.fileout import OutputError, SafeOutput
+from rmqkit.names import is_parking_name, parking_queue
 from rmqkit.parking.browse import Verdict, browse, check_import_target
 from rmqkit.parking.journal import ImportJournal, record_digest
 from rmqkit.parking.model import ParkedFilter, ParkedMessage, decrypted_body
@@ -278,8 +279,8 @@ async def _refuse_work_queue(settings: Settings, amqp: Session, queue: str) -> N
         return
     except BrokerUnavailable:
         pass
-    parking = f"{queue}.parking"
-    if not queue.endswith(".parking") and await amqp.queue_exists(parking):
+    parking = parking_queue(queue)
+    if not is_parking_name(queue) and await amqp.queue_exists(parking):
         raise DataError(
             f"{queue!r} is a work queue ({parking!r} is beside it), not a parking queue — "
             f"did you mean {parking!r}?"

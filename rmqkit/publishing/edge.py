@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rmqkit.errors import DataError
 
 if TYPE_CHECKING:  # `rmqkit publish` without --topology/--delay loads neither crypto nor topology
-    from rmqkit.outbox.edge import Edge, Encryptor, Routed
+    from rmqkit.publishing.routing import Edge, Encryptor, PublishRoute
 
 
 class SensitiveIdError(DataError):
@@ -33,7 +33,7 @@ def at_edge(
     expiration: str | None = None,
     model: type | None = None,
     message_id: str | None = None,
-) -> tuple[bytes, Routed]:
+) -> tuple[bytes, PublishRoute]:
     """``body`` with its sensitive fields encrypted (the same object when it has none) and
     where to publish it. The lane is chosen by the size of the body as sent (encrypted).
     DataError (65) for a body that cannot be encrypted or routed, KeyRingError (78) for

@@ -13,8 +13,8 @@ from typing import Any
 from rmqkit.broker.codec import Properties
 from rmqkit.durations import parse_delay_ms
 from rmqkit.errors import DataError, UsageError
-from rmqkit.outbox.edge import Edge, Encryptor, Routed
 from rmqkit.publishing.edge import SensitiveIdError, at_edge
+from rmqkit.publishing.routing import Edge, Encryptor, PublishRoute
 
 Delay = timedelta | str | int | float | None  # int/float: seconds; str: "90s", "5m"
 JSON = "application/json"
@@ -44,7 +44,7 @@ class Prepared:
     message_id: str
     exchange: str  # as asked
     routing_key: str  # as asked
-    routed: Routed
+    routed: PublishRoute
     body: bytes
     properties: Properties
 

@@ -7,7 +7,7 @@
 Every message is sent on one channel in confirm mode through ``ConfirmedPublisher`` (returns
 matched exactly, ``window`` publishes in flight, the frames of a batch in one write). With a
 topology, each message goes to its lane, gets its delay through the delay ladder and has its
-sensitive fields encrypted (``rmqkit.outbox.edge``: the same edge as ``rmqkit publish`` and
+sensitive fields encrypted (``rmqkit.publishing.routing``: the same edge as ``rmqkit publish`` and
 the outbox relay); a pydantic model body is its JSON by alias with its ``rmqkit.Sensitive``
 fields encrypted. A lost connection is reopened (the configured URLs in order, backoff with
 jitter) and the unsettled messages are sent again under the same message_ids: a message is
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -30,19 +29,14 @@ from rmqkit.broker.confirms import Outcome
 from rmqkit.broker.session import DEFAULT_WINDOW, Channel, Session, open_session
 from rmqkit.crypto import KeyRing, load_keyring
 from rmqkit.errors import DataError, PublisherClosed, RmqkitError
-from rmqkit.outbox.edge import Edge, Encryptor
-from rmqkit.publishing.engine import size_limit
 from rmqkit.publishing.prepare import Delay, Prepared, PublishMessage, prepare
 from rmqkit.publishing.results import PublishResult, failure
+from rmqkit.publishing.routing import Edge, Encryptor
+from rmqkit.publishing.settling import SETTLED, all_settled, backoff, size_limit_of
 from rmqkit.settings import Settings, load_settings
 from rmqkit.topology import Topology
 
 log = logging.getLogger("rmqkit.publisher")
-_SETTLED = {
-    Outcome.CONFIRMED: "confirmed",
-    Outcome.RETURNED: "returned",
-    Outcome.NACKED: "nacked",
-}
 
 
 class Publisher:
@@ -245,7 +239,7 @@ class Publisher:
                     )
             except Exception as exc:  # the channel or connection went away mid-send
                 lost = exc
-            stalled = not await self._settled(list(sent.values()))
+            stalled = not await all_settled(list(sent.values()), self.timeout_s)
             again: list[int] = []
             busy: list[int] = []
             for i in todo:
@@ -259,8 +253,8 @@ class Publisher:
                     settled = future.result()
                     if settled is Outcome.NACKED and self.retry_busy:
                         busy.append(i)
-                    outcome[i] = _SETTLED[settled]
-            limit = _size_limit(lost)
+                    outcome[i] = SETTLED[settled]
+            limit = size_limit_of(lost)
             if limit is not None:  # refused for good: sending it again closes the channel again
                 self.max_message_bytes = limit
                 for i in [i for i in again if len(ready[i].body) > limit]:
@@ -285,10 +279,10 @@ class Publisher:
                     len(again),
                     lost,
                 )
-                await asyncio.sleep(_backoff(reconnects))
+                await asyncio.sleep(backoff(reconnects))
             if busy and busy_rounds < self.busy_retries:
                 busy_rounds += 1
-                await asyncio.sleep(_backoff(busy_rounds))
+                await asyncio.sleep(backoff(busy_rounds))
                 for i in busy:
                     outcome[i] = None
                 again += busy
@@ -306,33 +300,6 @@ class Publisher:
             )
             for i, p in enumerate(ready)
         ], why
-
-    async def _settled(self, futures: list[asyncio.Future[Outcome]]) -> bool:
-        """Wait until all ``futures`` are done; False if ``timeout_s`` passed with none settling.
-        One callback per future and an event: no wait() over thousands of futures per turn."""
-        waiting = sum(1 for f in futures if not f.done())
-        if not waiting:
-            return True
-        if self.timeout_s is None:  # no stall clock: one wait, no timer task per call
-            await asyncio.wait([f for f in futures if not f.done()])
-            return True
-        progress = asyncio.Event()
-
-        def one(_: asyncio.Future[Outcome]) -> None:
-            nonlocal waiting
-            waiting -= 1
-            progress.set()
-
-        for future in futures:
-            if not future.done():
-                future.add_done_callback(one)
-        while waiting:
-            progress.clear()
-            try:
-                await asyncio.wait_for(progress.wait(), self.timeout_s)
-            except TimeoutError:
-                return False
-        return True
 
     async def _declare_edge(self, session: Session, ready: Sequence[Prepared]) -> None:
         """The exchanges asked for exist (DataError 65 otherwise, nothing sent); the delay
@@ -411,14 +378,3 @@ class Publisher:
             # a blocked connection's close is never answered: do not wait on it for long
             with contextlib.suppress(Exception, TimeoutError):
                 await asyncio.wait_for(session.close(), timeout=5)
-
-
-def _size_limit(lost: BaseException | None) -> int | None:
-    """The broker's max_message_size if ``lost`` is its refusal of a message over it (the
-    same reading as `rmqkit publish`'s engine)."""
-    return size_limit(str(lost)) if lost is not None else None
-
-
-def _backoff(attempt: int) -> float:
-    ceiling = min(5.0, 0.1 * 2**attempt)
-    return random.uniform(ceiling / 2, ceiling)

@@ -15,7 +15,7 @@ from rmqkit.errors import (
     Unroutable,
 )
 
-Outcome = Literal["confirmed", "returned", "nacked", "too_large", "unconfirmed"]
+PublishOutcome = Literal["confirmed", "returned", "nacked", "too_large", "unconfirmed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class PublishResult:
     exchange: str
     routing_key: str
     confirmed: bool
-    outcome: Outcome
+    outcome: PublishOutcome
     lane: str | None = None
     delay_ms: int = 0
     attempts: int = 1

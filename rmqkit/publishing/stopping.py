@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from rmqkit.errors import PublishStopped
 
 if TYPE_CHECKING:
-    from rmqkit.publishing.engine import PublishReport
     from rmqkit.publishing.inputs import OutgoingMessage
+    from rmqkit.publishing.report import PublishReport
 
 GRACE_S = 5.0  # how long the confirms of the messages in flight are waited for after Ctrl-C
 

@@ -34,8 +34,8 @@ from rmqkit.publishing.inputs import OutgoingMessage
 if TYPE_CHECKING:  # without a topology or delay neither crypto nor topology is loaded
     from rmqkit.broker.session import Session
     from rmqkit.crypto import KeyRing
-    from rmqkit.outbox.edge import Edge, Encryptor, Routed
-    from rmqkit.publishing.engine import PublishReport
+    from rmqkit.publishing.report import PublishReport
+    from rmqkit.publishing.routing import Edge, Encryptor, PublishRoute
     from rmqkit.settings import Settings
     from rmqkit.topology import Topology
 
@@ -68,7 +68,7 @@ class PublishEdge:
         if topology is None and delay_ms is None:
             return None
         from rmqkit.crypto import load_keyring
-        from rmqkit.outbox.edge import Edge, Encryptor
+        from rmqkit.publishing.routing import Edge, Encryptor
         from rmqkit.topology import Topology, load_topology
 
         spec = None
@@ -102,7 +102,7 @@ class PublishEdge:
 
     def prepare(
         self, message: OutgoingMessage, number: int, exchange: str, routing_key: str
-    ) -> tuple[OutgoingMessage, Routed]:
+    ) -> tuple[OutgoingMessage, PublishRoute]:
         """``message`` (the ``number``-th of the input) encrypted and routed (lane, delay
         ladder), with its derived id keyed when its body has sensitive fields.
 
@@ -153,7 +153,7 @@ class PublishEdge:
         )
         return routed, where
 
-    async def declare(self, session: Session, routed: Iterable[Routed]) -> None:
+    async def declare(self, session: Session, routed: Iterable[PublishRoute]) -> None:
         """The delay ladder and the exits of the delayed messages; DataError (65) naming the
         first exit that cannot be declared (nothing is published: a delayed message would
         wait for an exit that is not there)."""
@@ -200,7 +200,7 @@ async def publish_input(
     if edge is not None:
         edge.refuse_sensitive_id_field(ids)
     checked = _checked(messages)
-    routed: list[Routed] | None = None
+    routed: list[PublishRoute] | None = None
     if edge is not None:
         pairs = [edge.prepare(m, n, exchange, routing_key) for n, m in enumerate(checked, 1)]
         checked = iter([m for m, _ in pairs])

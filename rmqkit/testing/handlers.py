@@ -20,18 +20,17 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from rmqkit import headers as h
 from rmqkit.consumer import handler as handler_module
 from rmqkit.consumer.attempts import attempt_number, delivery_count
-from rmqkit.consumer.config import ConsumerConfig, ConsumerFlags, build_config, policy_from_topology
+from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.decision import (
+    DecryptFailed,
+    HandlerOutcome,
     MissingMessageId,
-    Outcome,
     TooLarge,
-    Undecryptable,
     decide,
 )
 from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
@@ -41,9 +40,9 @@ from rmqkit.crypto import Undecryptable as UndecryptableField
 from rmqkit.crypto import decrypt_fields
 from rmqkit.delay import delivered_route
 from rmqkit.errors import RmqkitError, UsageError
+from rmqkit.testing.arrange import attempt_headers, queue_config
 from rmqkit.testing.result import HandlerResult, result_of
-from rmqkit.topology import load_topology
-from rmqkit.topology.model import QueueModel, Topology, TopologyModel
+from rmqkit.topology.model import Topology
 
 __all__ = [
     "HandlerAborted",
@@ -53,8 +52,6 @@ __all__ = [
     "run_handler_async",
     "run_retries",
 ]
-
-DEFAULT_QUEUE = "work"
 
 # A handler function or callable, a "module:function" (or routed "module") spec, a module of
 # @rmqkit.handler functions, a Router, or what load_handler returned.
@@ -189,11 +186,11 @@ async def run_handler_async(
             "transaction= (your store's transaction, or a stand-in), or test it with the "
             "rmqkit_broker fixture and consume_until_idle(..., dedupe=DSN)"
         )
-    config = _config(
+    config = queue_config(
         loaded, topology, queue, max_attempts, retry_delays, permanent_errors, handler_timeout_s
     )
     raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-    delivery_headers = _headers(headers, attempt)
+    delivery_headers = attempt_headers(headers, attempt)
     outcome, attempt_no, deliveries = await _outcome(
         loaded,
         config,
@@ -291,68 +288,6 @@ def _loaded(handler: HandlerLike) -> LoadedHandler:
     return handler_from_callable(handler)
 
 
-def _config(
-    loaded: LoadedHandler,
-    topology: Topology | str | os.PathLike[str] | None,
-    queue: str | None,
-    max_attempts: int | None,
-    retry_delays: Iterable[int | str] | None,
-    permanent_errors: Iterable[str],
-    handler_timeout_s: float | None,
-) -> ConsumerConfig:
-    """The consumer's configuration of the queue, as ``rmqkit consume`` builds it from a file."""
-    if max_attempts is not None and max_attempts < 1:
-        raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
-    if topology is None:
-        name = queue or DEFAULT_QUEUE
-        settings: dict[str, Any] = {}
-        if retry_delays is not None:
-            settings["retry_delays"] = list(retry_delays)
-        if max_attempts is not None:
-            settings["max_attempts"] = max_attempts
-        try:
-            spec = QueueModel.model_validate(settings)
-        except ValueError as exc:
-            raise UsageError(f"run_handler: {exc}") from None
-        topology = Topology(TopologyModel(queues={name: spec}), source="<run_handler>")
-    else:
-        if retry_delays is not None:
-            raise UsageError("retry_delays comes from the topology when one is given")
-        if not isinstance(topology, Topology):
-            topology = load_topology(Path(topology))
-        names = topology.work_queue_names()
-        if queue is None:
-            if len(names) != 1:
-                raise UsageError(
-                    f"{topology.source} has {len(names)} work queues ({', '.join(names)}); "
-                    "name one with queue="
-                )
-            queue = names[0]
-        name = queue
-    policy = policy_from_topology(topology, name, max_attempts)
-    flags = ConsumerFlags(
-        handler_timeout_s=handler_timeout_s,
-        max_attempts=max_attempts,
-        permanent_errors=tuple(permanent_errors),
-    )
-    return build_config(loaded.spec, name, policy, flags, topology, loaded=loaded)
-
-
-def _headers(headers: Mapping[str, Any] | None, attempt: int | None) -> dict[str, Any]:
-    copy = dict(headers or {})
-    if attempt is not None:
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-            raise UsageError(f"attempt must be an int of at least 1, not {attempt!r}")
-        if attempt > h.COUNT_MAX:
-            raise UsageError(f"attempt must be at most {h.COUNT_MAX}, not {attempt}")
-        if attempt > 1:
-            # The header an earlier copy carries: the number of the delivery that failed.
-            copy[h.ATTEMPT] = attempt - 1
-        else:
-            copy.pop(h.ATTEMPT, None)
-    return copy
-
-
 async def _outcome(
     loaded: LoadedHandler,
     config: ConsumerConfig,
@@ -366,7 +301,7 @@ async def _outcome(
     correlation_id: str | None,
     redelivered: bool,
     transaction: Any,
-) -> tuple[Outcome, int, int]:
+) -> tuple[HandlerOutcome, int, int]:
     """The handler's outcome, as rmqkit.consumer.dispatch reaches it (same checks, same order),
     with this delivery's attempt number and the broker's delivery count."""
     attempt = attempt_number(headers, config.queue, wait_queues=config.policy.all_wait_queues)
@@ -378,7 +313,7 @@ async def _outcome(
     try:
         opened = decrypt_fields(body, None, None, first=config.encrypted_fields)
     except UndecryptableField as exc:
-        return Undecryptable(str(exc), exc.reason), attempt, deliveries
+        return DecryptFailed(str(exc), exc.reason), attempt, deliveries
     shown_exchange, shown_routing_key = delivered_route(exchange, routing_key, headers)
     message = Message(
         opened,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rmqkit import headers as h
-from rmqkit.consumer.decision import Ack, Decision, Outcome, Park, Retry
+from rmqkit.consumer.decision import Ack, Decision, HandlerOutcome, Park, RetryLater
 
 __all__ = ["Action", "HandlerResult", "result_of"]
 
@@ -34,7 +34,7 @@ class HandlerResult:
     error_type: str | None = None
     error_message: str | None = None
     headers: dict[str, Any] = field(default_factory=dict, hash=False)
-    outcome: Outcome | None = field(default=None, compare=False, repr=False)
+    outcome: HandlerOutcome | None = field(default=None, compare=False, repr=False)
     decision: Decision | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -44,7 +44,7 @@ class HandlerResult:
         return value if isinstance(value, str) else None
 
 
-def result_of(decision: Decision, outcome: Outcome, attempt: int) -> HandlerResult:
+def result_of(decision: Decision, outcome: HandlerOutcome, attempt: int) -> HandlerResult:
     if isinstance(decision, Ack):
         return HandlerResult("ack", attempt, outcome=outcome, decision=decision)
     error_type = decision.headers.get(h.ERROR_TYPE)
@@ -58,7 +58,7 @@ def result_of(decision: Decision, outcome: Outcome, attempt: int) -> HandlerResu
         "outcome": outcome,
         "decision": decision,
     }
-    if isinstance(decision, Retry):
+    if isinstance(decision, RetryLater):
         return HandlerResult(
             "retry", tier=decision.tier_index, delay_s=decision.delay_ms / 1000, **common
         )

@@ -6,14 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aio_pika.abc import AbstractConnection
-
-from rmqkit.broker.amqp import connection, server_version
+from rmqkit.broker.amqp import Connection, connection, server_version
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session
 from rmqkit.errors import BrokerUnavailable, TopologyConflict
 from rmqkit.settings import Settings
-from rmqkit.topology.expand import DesiredState, Via, expand_all
+from rmqkit.topology.desired import DesiredState, Via
+from rmqkit.topology.expand import expand_all
 from rmqkit.topology.model import Topology
 from rmqkit.topology.plan import PLUGINS, Change, LiveState, Plan, compute_plan, read_live_state
 
@@ -106,7 +105,7 @@ async def declare_topology(
 
 
 async def _blind_plan(
-    conn: AbstractConnection, topology: Topologies, version: tuple[int, int, int]
+    conn: Connection, topology: Topologies, version: tuple[int, int, int]
 ) -> Plan:
     """A plan from passive declares only (existence, not settings)."""
     desired = expand_all(_several(topology), via="arguments", broker_version=version)
@@ -137,7 +136,7 @@ async def _blind_plan(
     return Plan(source=source_of(topology), vhost="", desired=desired, changes=changes)
 
 
-async def _apply(conn: AbstractConnection, api: ManagementClient | None, plan: Plan) -> None:
+async def _apply(conn: Connection, api: ManagementClient | None, plan: Plan) -> None:
     desired: DesiredState = plan.desired
     todo = {(c.kind, c.name) for c in plan.pending}
     broker = Session.of(conn)  # the declarations go through rmqkit.broker (issue 11)

@@ -2,148 +2,32 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
-from rmqkit.durations import format_duration_ms
+from rmqkit import names
 from rmqkit.errors import TopologyFileError
-from rmqkit.topology import flow
+from rmqkit.topology.desired import (
+    BindingSpec,
+    DesiredState,
+    ExchangeSpec,
+    FixedQueueSpec,
+    PolicySpec,
+    QueueSpec,
+    Via,
+    policy_name,
+)
 from rmqkit.topology.ladder import default_ladder, delay_targets
-from rmqkit.topology.model import BUILTIN_EXCHANGE_PREFIX, QueueModel, Topology
-from rmqkit.topology.summary import WorkQueueSummary, summarize
+from rmqkit.topology.model import Topology
+from rmqkit.topology.schema import BUILTIN_EXCHANGE_PREFIX, QueueModel
+from rmqkit.topology.summary import summarize
 
-Via = Literal["policy", "arguments"]
-QueueRole = Literal["work", "wait", "parking"]
-POLICY_PREFIX = "rmqkit."
 # The weight of each partition's binding to its consistent-hash exchange (its routing key): all
 # equal, so keys spread evenly; the broker parses it as an integer.
 PARTITION_WEIGHT = "1"
 # The type of the exchange in front of the partitions (rabbitmq_consistent_hash_exchange).
 PARTITION_EXCHANGE_TYPE = "x-consistent-hash"
-
-# The queue settings rmqkit manages, in policy-key form (an x-argument is "x-" + key).
-MANAGED_KEYS = (
-    "message-ttl",
-    "dead-letter-exchange",
-    "dead-letter-routing-key",
-    "dead-letter-strategy",
-    "overflow",
-    "delivery-limit",
-    "max-length",
-    "max-length-bytes",
-    "expires",
-)
-
-
-@dataclass(frozen=True)
-class ExchangeSpec:
-    """An exchange as the broker should hold it."""
-
-    name: str
-    type: str
-    durable: bool = True
-    auto_delete: bool = False
-    internal: bool = False
-    arguments: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class QueueSpec:
-    """A quorum queue and the mutable settings rmqkit wants in effect on it."""
-
-    name: str
-    role: QueueRole
-    owner: str  # the work queue this queue serves
-    settings: dict[str, Any]
-    delay_ms: int | None = None  # wait queues: the TTL of this jitter slot
-    tier_index: int | None = None
-    # x-single-active-consumer: a declaration-time argument only (no policy key), so it is in
-    # the arguments whatever ``via`` says, and cannot change on an existing queue.
-    single_active_consumer: bool = False
-
-    def arguments(self, via: Via) -> dict[str, Any]:
-        """The x-arguments to declare the queue with: settings go in them only ``via`` arguments."""
-        args: dict[str, Any] = {"x-queue-type": "quorum"}
-        if self.single_active_consumer:
-            args["x-single-active-consumer"] = True
-        if via == "arguments":
-            args.update({f"x-{key}": value for key, value in self.settings.items()})
-        return args
-
-
-@dataclass(frozen=True)
-class FixedQueueSpec:
-    """A queue declared with fixed x-arguments and no policy, whatever ``via`` says: the delay
-    ladder's rungs (docs/delay.md: a policy on a rung would be the only one applying)."""
-
-    name: str
-    fixed_arguments: dict[str, Any]
-
-    def arguments(self, via: Via) -> dict[str, Any]:
-        """The x-arguments to declare it with (``via`` does not matter)."""
-        return dict(self.fixed_arguments)
-
-
-@dataclass(frozen=True)
-class BindingSpec:
-    """A binding from an exchange to a queue or exchange."""
-
-    source: str
-    destination: str
-    destination_type: Literal["queue", "exchange"]
-    routing_key: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-    text: str = ""  # the label, when the routing key alone does not tell bindings apart
-
-    @property
-    def label(self) -> str:
-        if self.text:
-            return self.text
-        return f"{self.source} → {self.destination} ({self.routing_key or '<empty key>'})"
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """A policy carrying one queue's mutable settings."""
-
-    name: str
-    queue: str
-    definition: dict[str, Any]
-    priority: int
-    apply_to: str = "queues"
-
-    @property
-    def pattern(self) -> str:
-        return "^" + re.escape(self.queue) + "$"
-
-
-@dataclass(frozen=True)
-class DesiredState:
-    """Everything a topology file asks the broker to hold, for one declaration mode."""
-
-    exchanges: list[ExchangeSpec]
-    queues: list[QueueSpec]
-    bindings: list[BindingSpec]
-    policies: list[PolicySpec]
-    via: Via
-    policy_priority: int
-    work_queues: list[WorkQueueSummary] = field(default_factory=list)
-    # The delay ladder's rungs (fixed x-arguments, no policy); its exchanges and bindings are
-    # in ``exchanges`` and ``bindings``. Empty when no queue of the file has a ``delay``.
-    fixed_queues: list[FixedQueueSpec] = field(default_factory=list)
-    ladder: str | None = None  # the ladder's base name, for plan's summary
-    ladder_targets: list[tuple[str, str]] = field(default_factory=list)
-
-    def all_queues(self) -> list[QueueSpec | FixedQueueSpec]:
-        """Every queue to declare: the file's, then the delay ladder's rungs."""
-        return [*self.queues, *self.fixed_queues]
-
-
-def policy_name(queue: str) -> str:
-    """The name of the policy rmqkit keeps for ``queue``."""
-    return POLICY_PREFIX + queue
 
 
 def jitter_slot_delays(delay_ms: int, jitter: float, slots: int) -> list[int]:
@@ -168,7 +52,7 @@ def wait_queue_names(topology: Topology, queue: str) -> list[list[tuple[str, int
         main = topology.wait_name(queue, delay)
         slots = []
         for ttl in jitter_slot_delays(delay, spec.jitter, spec.jitter_slots):
-            name = main if ttl == delay else f"{main}.slot-{format_duration_ms(ttl)}"
+            name = main if ttl == delay else names.slot_queue(main, ttl)
             slots.append((name, ttl))
         tiers.append(slots)
     return tiers
@@ -226,7 +110,7 @@ def _partition_objects(topology: Topology, name: str) -> tuple[ExchangeSpec, lis
     """The consistent-hash exchange of a partitioned work queue and its bindings: weight 1 to
     each partition, and the file's ``bind`` entries re-pointed at it (exchange-to-exchange)."""
     spec = topology.model.queues[name]
-    exchange = flow.partition_exchange_name(name)
+    exchange = names.partition_exchange(name)
     bindings = [
         # the routing key of a consistent-hash binding is the partition's weight
         BindingSpec(exchange, queue, "queue", PARTITION_WEIGHT)

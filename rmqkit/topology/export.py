@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rmqkit.topology.expand import Via, expand
+from rmqkit.topology.desired import Via
+from rmqkit.topology.expand import expand
 from rmqkit.topology.model import Topology
 
 

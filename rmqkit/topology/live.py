@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rmqkit.broker.policies import Effective, Version, resolve_queue
-from rmqkit.topology.expand import MANAGED_KEYS, DesiredState
+from rmqkit.topology.desired import MANAGED_KEYS, DesiredState
 
 Action = Literal["create", "change", "in-sync", "conflict", "orphan"]
 Kind = Literal["exchange", "queue", "policy", "binding"]

@@ -3,20 +3,12 @@ from a work queue (and where their dead-lettering leads). Reported by ``plan``, 
 
 from __future__ import annotations
 
-import re
 import shlex
 from typing import Any
 
-from rmqkit.topology.expand import POLICY_PREFIX, DesiredState
-from rmqkit.topology.flow import PARTITION_EXCHANGE_SUFFIX
+from rmqkit.names import PARTITION_EXCHANGE_SUFFIX, is_derived_suffix, is_flow_member
+from rmqkit.topology.desired import POLICY_PREFIX, DesiredState
 from rmqkit.topology.live import Change, LiveState, queue_settings
-
-# The shapes of the names rmqkit derives from a work queue W (after "W"): a wait queue of a
-# tier and its jitter slots (durations as format_duration_ms spells them), a lane, a partition,
-# each of those two with wait queues of its own.
-_DURATION = r"\d+(?:ms|s|m|h)"
-_WAIT = rf"\.wait\.{_DURATION}(?:\.slot-{_DURATION})?"
-_DERIVED = re.compile(rf"(?:{_WAIT}|\.lane\.[A-Za-z0-9_-]+(?:{_WAIT})?|\.p\d+(?:{_WAIT})?)")
 
 
 def _family_owner(name: str, roots: set[str]) -> str | None:
@@ -25,7 +17,7 @@ def _family_owner(name: str, roots: set[str]) -> str | None:
     partition (``W.pN``, ``W.pN.wait.…``) of a work queue ``W`` of the file (``roots``), if
     any. ``orders.wait.list`` has no delay where a wait queue has one: not ``orders``'."""
     for root in sorted(roots, key=len, reverse=True):
-        if name.startswith(root + ".") and _DERIVED.fullmatch(name[len(root) :]):
+        if name.startswith(root + ".") and is_derived_suffix(name[len(root) :]):
             return root
     return None
 
@@ -33,10 +25,7 @@ def _family_owner(name: str, roots: set[str]) -> str | None:
 def _family_member(target: str, root: str) -> bool:
     """``target`` is ``root`` itself or one of its lanes or partitions (a queue that a wait
     queue of ``root``'s family returns messages to)."""
-    return (
-        target == root
-        or re.fullmatch(re.escape(root) + r"\.(lane\.[^.]+|p\d+)", target) is not None
-    )
+    return is_flow_member(target, root)
 
 
 def _dead_letters_home(settings: dict[str, Any], root: str, parkings: set[str]) -> bool:

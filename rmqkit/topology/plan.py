@@ -16,7 +16,7 @@ from rmqkit.broker.policies import (
     as_policy,
     resolve,
 )
-from rmqkit.topology.expand import (
+from rmqkit.topology.desired import (
     MANAGED_KEYS,
     BindingSpec,
     DesiredState,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from rmqkit.broker.amqp import parse_version
 from rmqkit.broker.management import management
 from rmqkit.settings import Settings
-from rmqkit.topology.expand import Via, expand_all
+from rmqkit.topology.desired import Via
+from rmqkit.topology.expand import expand_all
 from rmqkit.topology.model import Topology
 
 

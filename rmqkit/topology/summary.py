@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmqkit.durations import format_duration_ms
-from rmqkit.topology.model import Topology, format_retention_ms
+from rmqkit.topology.model import Topology
+from rmqkit.topology.schema import format_retention_ms
 
 
 @dataclass(frozen=True)

@@ -296,8 +296,7 @@ def test_headers_the_client_library_cannot_decode_do_not_loop(
 
     import aiormq
 
-    from rmqkit.broker.fieldtypes import Timestamp
-    from rmqkit.broker.typed_properties import TypedProperties
+    from rmqkit.broker.codec import Timestamp, TypedProperties
     from rmqkit.settings import with_vhost
 
     async def publish() -> None:

@@ -31,7 +31,7 @@ import pytest
 
 import rmqkit
 from rmqkit.topology import declare_topology, load_topology
-from rmqkit.topology.expand import policy_name
+from rmqkit.topology.desired import policy_name
 from tests import broker
 from tests.consumer_harness import JOBS, ConsumerProcess, effects, events, wait_until
 from tests.handlers import body, record

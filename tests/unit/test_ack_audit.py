@@ -91,14 +91,14 @@ AUDITED: dict[tuple[str, str], str] = {
     ("broker/channel.py", "return self._raw.basic_reject(delivery_tag, requeue=requeue)"): (
         "a delegation: each call of Channel.reject is audited where it is made"
     ),
-    # --- dedupe lanes: verdicts handed back to the dispatcher, which acks through _finished ----
-    ("idempotency/jobs.py", "self.future.set_result((verdict, outcome))"): (
-        "a lane's verdict for one delivery, set only after its batch's COMMIT returned (or the "
-        "rollback: ROLLED_BACK → the retry/park decision) — test_idempotency_lanes.py"
+    # --- dedupe workers: verdicts handed back to the dispatcher, which acks through _finished ----
+    ("idempotency/work.py", "self.future.set_result((verdict, outcome))"): (
+        "a worker's verdict for one delivery, set only after its batch's COMMIT returned (or the "
+        "rollback: ROLLED_BACK → the retry/park decision) — test_idempotency_workers.py"
     ),
-    ("idempotency/lanes.py", "claim.future.set_result((batch, fresh))"): (
+    ("idempotency/workers.py", "claim.future.set_result((batch, fresh))"): (
         "hands the claim (new id or duplicate) to the delivery; its verdict waits for the "
-        "batch's COMMIT (Batch.committed) — test_idempotency_lanes.py"
+        "batch's COMMIT (Batch.committed) — test_idempotency_workers.py"
     ),
     # --- outcome hooks: called after the delivery was settled, never settle one --------------
     ("consumer/hooks.py", "result.set_result(value)"): (

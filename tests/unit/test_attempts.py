@@ -18,16 +18,14 @@ from pamqp import decode as pamqp_decode
 from pamqp import encode as pamqp_encode
 
 from rmqkit import headers as h
-from rmqkit.consumer.attempts import (
+from rmqkit.consumer.attempts import attempt_number, attempts_made, recorded_attempts
+from rmqkit.deaths import (
     DeathEvent,
     DeathReason,
-    attempt_number,
-    attempts_made,
     delivery_limit_hit,
     parking_reason,
     read_death_history,
     read_x_death,
-    recorded_attempts,
 )
 from tests.unit.recorded import v3_10, v4_0, v4_3
 

@@ -24,14 +24,14 @@ from rmqkit.consumer.decision import (
     HandlerTimeout,
     MissingMessageId,
     Park,
-    QueuePolicy,
-    Retry,
+    RetryLater,
     Success,
     TooLarge,
     Undecodable,
     decide,
     qualified_type_name,
 )
+from rmqkit.consumer.policy import QueuePolicy
 
 NOW = datetime(2026, 11, 29, 16, 0, 0, 123_456, tzinfo=UTC)
 NOW_TEXT = "2026-11-29T16:00:00.123Z"
@@ -67,7 +67,7 @@ def run(
     routing_key: str = "orders.created",
     now: datetime = NOW,
     rand: Any = None,
-) -> Ack | Retry | Park:
+) -> Ack | RetryLater | Park:
     return decide(
         outcome,
         headers,
@@ -101,7 +101,7 @@ def test_success_acks(headers: dict[str, Any] | None) -> None:
 
 def test_first_transient_failure_retries_in_tier_0() -> None:
     decision = run(TRANSIENT, {"tenant": "t1", "x-delivery-count": 0}, rand=lambda: 0.0)
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     assert decision.target_queue == "orders.work.wait.1s.slot-0"
     assert (decision.tier_index, decision.delay_ms) == (0, 1000)
     assert decision.headers == {
@@ -138,7 +138,7 @@ def test_tier_follows_the_attempt_and_the_last_tier_repeats(
         wait_queues=POLICY.wait_queues,
     )
     decision = run(TRANSIENT, {h.ATTEMPT: attempts_so_far}, policy)
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     assert decision.tier_index == tier
     assert decision.target_queue in POLICY.wait_queues[tier]
     assert decision.delay_ms == POLICY.retry_delays_ms[tier]
@@ -148,7 +148,7 @@ def test_tier_follows_the_attempt_and_the_last_tier_repeats(
 
 def test_last_allowed_attempt_parks_exhausted_with_the_last_error() -> None:
     earlier = run(TRANSIENT, {h.ATTEMPT: 3})
-    assert isinstance(earlier, Retry) and earlier.headers[h.ATTEMPT] == 4
+    assert isinstance(earlier, RetryLater) and earlier.headers[h.ATTEMPT] == 4
     last_error = Failed(
         "builtins.ValueError", "bad total 42", "Traceback (most recent call last):\n"
     )
@@ -220,7 +220,7 @@ def test_permanent_errors_by_type_name(
     if permanent:
         assert isinstance(decision, Park) and decision.reason == h.ParkingReason.PERMANENT
     else:
-        assert isinstance(decision, Retry)
+        assert isinstance(decision, RetryLater)
 
 
 def test_permanent_error_entry_written_qualified_for_a_builtin() -> None:
@@ -254,7 +254,7 @@ def test_too_large_and_missing_message_id_park_with_their_reasons() -> None:
 
 def test_handler_timeout_is_transient() -> None:
     decision = run(HandlerTimeout(timeout_s=30.0), {})
-    assert isinstance(decision, Retry) and decision.tier_index == 0
+    assert isinstance(decision, RetryLater) and decision.tier_index == 0
     assert decision.headers[h.ERROR_TYPE] == "rmqkit.HandlerTimeout"
     assert decision.headers[h.ERROR_MESSAGE] == "handler did not finish within 30 s"
     last = run(HandlerTimeout(timeout_s=2.5), {h.ATTEMPT: 4})
@@ -275,7 +275,7 @@ def test_requested_delay_picks_the_smallest_tier_that_is_long_enough(
     # regardless of the attempt: a 3rd attempt asking for 1 s waits 1 s
     for attempts_so_far in (0, 2):
         decision = run(Failed("E", "m", retry_delay_s=delay_s), {h.ATTEMPT: attempts_so_far})
-        assert isinstance(decision, Retry)
+        assert isinstance(decision, RetryLater)
         assert decision.tier_index == tier
         assert decision.headers[h.RETRY_DELAY_MS] == POLICY.retry_delays_ms[tier]
 
@@ -285,7 +285,7 @@ def test_requested_delay_with_unsorted_tiers() -> None:
     picks = {
         delay: run(Failed("E", "m", retry_delay_s=delay), {}, policy) for delay in (0.5, 2.0, 60.0)
     }
-    assert {d: (p.target_queue if isinstance(p, Retry) else p) for d, p in picks.items()} == {
+    assert {d: (p.target_queue if isinstance(p, RetryLater) else p) for d, p in picks.items()} == {
         0.5: "q.w1",
         2.0: "q.w5",
         60.0: "q.w20",
@@ -305,7 +305,7 @@ def test_slots_spread_evenly_with_a_seeded_rand() -> None:
     picks: Counter[str] = Counter()
     for _ in range(10_000):
         decision = run(TRANSIENT, {h.ATTEMPT: 1}, rand=rng.random)
-        assert isinstance(decision, Retry) and decision.tier_index == 1
+        assert isinstance(decision, RetryLater) and decision.tier_index == 1
         picks[decision.target_queue] += 1
     assert set(picks) == set(POLICY.wait_queues[1])
     # 2,500 expected per slot; binomial sd ≈ 43, so ±150 is 3.5 sd
@@ -320,18 +320,20 @@ def test_slots_spread_evenly_with_a_seeded_rand() -> None:
 )
 def test_slot_boundaries(value: float, slot: int) -> None:
     decision = run(TRANSIENT, {}, rand=lambda: value)
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     assert decision.target_queue == POLICY.wait_queues[0][slot]
 
 
 def test_single_slot_tier() -> None:
     decision = run(TRANSIENT, {h.ATTEMPT: 2}, rand=lambda: 0.7)
-    assert isinstance(decision, Retry) and decision.target_queue == "orders.work.wait.30s"
+    assert isinstance(decision, RetryLater) and decision.target_queue == "orders.work.wait.30s"
 
 
 def test_default_rand_is_random() -> None:
     targets = {
-        d.target_queue for d in (run(TRANSIENT, {}) for _ in range(200)) if isinstance(d, Retry)
+        d.target_queue
+        for d in (run(TRANSIENT, {}) for _ in range(200))
+        if isinstance(d, RetryLater)
     }
     assert targets == set(POLICY.wait_queues[0])
 
@@ -374,7 +376,7 @@ RECEIVED_310_BROKER_LOOP = {  # recorded on 3.10.8, see test_attempts.V310_NAMED
 )
 def test_broker_headers_are_stripped_from_every_copy(outcome: Any) -> None:
     decision = run(outcome, RECEIVED_310_BROKER_LOOP, exchange="", routing_key="orders.work")
-    assert isinstance(decision, Retry | Park)
+    assert isinstance(decision, RetryLater | Park)
     assert not set(decision.headers) & h.BROKER_HEADERS
     assert decision.headers["tenant"] == "t1"
     assert_publishable(decision.headers)
@@ -383,7 +385,7 @@ def test_broker_headers_are_stripped_from_every_copy(outcome: Any) -> None:
 def test_copy_of_a_broker_driven_loop_message_takes_its_origin_from_x_death() -> None:
     # delivered back from the wait queue: exchange "" and routing key = the work queue's name
     decision = run(TRANSIENT, RECEIVED_310_BROKER_LOOP, exchange="", routing_key="orders.work")
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     assert decision.headers[h.ATTEMPT] == 2  # one broker-driven rejection before this delivery
     assert decision.tier_index == 1
     assert decision.headers[h.ORIGINAL_EXCHANGE] == "orders"
@@ -394,11 +396,11 @@ def test_copy_of_a_broker_driven_loop_message_takes_its_origin_from_x_death() ->
 
 def test_original_route_and_first_failure_are_kept_not_overwritten() -> None:
     first = run(TRANSIENT, {}, exchange="orders", routing_key="orders.created")
-    assert isinstance(first, Retry)
+    assert isinstance(first, RetryLater)
     later = NOW + timedelta(seconds=7)
     # the copy comes back through the default exchange with the work queue as routing key
     second = run(TRANSIENT, first.headers, exchange="", routing_key="orders.work", now=later)
-    assert isinstance(second, Retry)
+    assert isinstance(second, RetryLater)
     assert second.headers[h.ORIGINAL_EXCHANGE] == "orders"
     assert second.headers[h.ORIGINAL_ROUTING_KEY] == "orders.created"
     assert second.headers[h.FIRST_FAILED_AT] == NOW_TEXT
@@ -412,15 +414,15 @@ def test_original_route_and_first_failure_are_kept_not_overwritten() -> None:
 
 def test_default_exchange_original_is_kept_as_empty_string() -> None:
     first = run(TRANSIENT, {}, exchange="", routing_key="orders.work")
-    assert isinstance(first, Retry)
+    assert isinstance(first, RetryLater)
     assert first.headers[h.ORIGINAL_EXCHANGE] == ""
     again = run(TRANSIENT, {**first.headers, h.ATTEMPT: 1}, exchange="ignored", routing_key="x")
-    assert isinstance(again, Retry) and again.headers[h.ORIGINAL_EXCHANGE] == ""
+    assert isinstance(again, RetryLater) and again.headers[h.ORIGINAL_EXCHANGE] == ""
 
 
 def test_unreadable_first_failure_time_is_replaced() -> None:
     decision = run(TRANSIENT, {h.FIRST_FAILED_AT: "yesterday"})
-    assert isinstance(decision, Retry) and decision.headers[h.FIRST_FAILED_AT] == NOW_TEXT
+    assert isinstance(decision, RetryLater) and decision.headers[h.FIRST_FAILED_AT] == NOW_TEXT
 
 
 def test_park_headers_are_complete() -> None:
@@ -453,7 +455,7 @@ def test_error_text_and_traceback_are_bounded() -> None:
     huge = Failed("E", "x" * 50_000, "".join(f"  frame {i}\n" for i in range(10_000)) + "E: end\n")
     for headers in ({}, {h.ATTEMPT: 4}):
         decision = run(huge, headers)
-        assert isinstance(decision, Retry | Park)
+        assert isinstance(decision, RetryLater | Park)
         assert len(decision.headers[h.ERROR_MESSAGE]) == h.ERROR_MESSAGE_MAX_CHARS
     parked = run(huge, {h.ATTEMPT: 4})
     assert isinstance(parked, Park)
@@ -473,7 +475,7 @@ def test_retry_copy_of_a_replayed_message_drops_stale_parking_details() -> None:
         h.FIRST_FAILED_AT: "2026-11-28T10:00:00.000Z",
     }
     decision = run(TRANSIENT, replayed)
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     assert h.PARK_REASON not in decision.headers and h.TRACEBACK not in decision.headers
     assert decision.headers[h.ERROR_TYPE] == "myapp.db.Timeout"
     assert decision.headers[h.REPLAY_COUNT] == 1  # replay history is kept
@@ -486,7 +488,7 @@ def test_retry_copy_of_a_replayed_message_drops_stale_parking_details() -> None:
 
 def test_undecodable_header_values_are_made_publishable() -> None:
     decision = run(TRANSIENT, {"legacy": b"\xff", "tags": ("a", "b")})
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     assert decision.headers["legacy"] == bytearray(b"\xff")
     assert decision.headers["tags"] == ["a", "b"]
     assert_publishable(decision.headers)
@@ -496,14 +498,14 @@ def test_decision_does_not_mutate_the_delivery_headers() -> None:
     received = {"tags": ["a"], "x-death": [{"queue": "q", "reason": "expired", "count": 1}]}
     snapshot = {"tags": ["a"], "x-death": [{"queue": "q", "reason": "expired", "count": 1}]}
     decision = run(TRANSIENT, received)
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     decision.headers["tags"].append("b")
     assert received == snapshot
 
 
 def test_naive_now_is_utc() -> None:
     decision = run(TRANSIENT, {}, now=NOW.replace(tzinfo=None))
-    assert isinstance(decision, Retry) and decision.headers[h.LAST_FAILED_AT] == NOW_TEXT
+    assert isinstance(decision, RetryLater) and decision.headers[h.LAST_FAILED_AT] == NOW_TEXT
 
 
 # --- Failed.from_exception and policy validation --------------------------------------------------
@@ -629,11 +631,11 @@ def handle_until_settled(
     outcomes: list[Any],
     policy: QueuePolicy = POLICY,
     rand: Any = None,
-) -> tuple[Park | Ack, list[int], list[Retry]]:
+) -> tuple[Park | Ack, list[int], list[RetryLater]]:
     """Deliver, decide, carry the decision out as the runner would; return the final decision, the
     attempt number the handler saw on each delivery, and the retries made."""
     seen: list[int] = []
-    retries: list[Retry] = []
+    retries: list[RetryLater] = []
     for outcome in outcomes:
         headers = broker.deliver(message)
         seen.append(attempt_number(headers, policy.queue, wait_queues=policy.all_wait_queues))
@@ -779,7 +781,7 @@ def test_copies_record_the_brokers_delivery_count() -> None:
             pid=4242,
             delivered=3,
         )
-        assert isinstance(decision, Retry | Park)
+        assert isinstance(decision, RetryLater | Park)
         assert decision.headers[h.DELIVERED] == 3
         assert "x-delivery-count" not in decision.headers
 
@@ -818,7 +820,7 @@ FULL = QueuePolicy(
 )
 
 
-def _full_retry(value: float, policy: QueuePolicy = FULL) -> Retry:
+def _full_retry(value: float, policy: QueuePolicy = FULL) -> RetryLater:
     decision = decide(
         TRANSIENT,
         {},
@@ -830,7 +832,7 @@ def _full_retry(value: float, policy: QueuePolicy = FULL) -> Retry:
         pid=1,
         rand=lambda: value,
     )
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     return decision
 
 
@@ -891,11 +893,11 @@ def test_full_jitter_needs_the_slot_ttls() -> None:
 
 
 def test_undecryptable_parks_at_once_with_the_reason_text() -> None:
-    from rmqkit.consumer.decision import Undecryptable
+    from rmqkit.consumer.decision import DecryptFailed
 
     text = "field customer.name: cannot decrypt (tampered): the ciphertext was altered"
     for headers in ({}, {h.ATTEMPT: 1}):  # never retried, whatever the attempt
-        decision = run(Undecryptable(text, "tampered"), headers)
+        decision = run(DecryptFailed(text, "tampered"), headers)
         assert isinstance(decision, Park)
         assert decision.reason == h.ParkingReason.UNDECRYPTABLE
         assert decision.headers[h.PARK_REASON] == "undecryptable"
@@ -917,14 +919,14 @@ def test_a_delayed_delivery_keeps_the_producers_route_not_the_ladder_stage() -> 
     # what the broker hands over when the ladder's last stage dead-letters it into "orders"
     stage = "rmqkit.delay.100ms.after-00"
     decision = run(TRANSIENT, headers, exchange=stage, routing_key="orders.created")
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     assert decision.headers[h.ORIGINAL_EXCHANGE] == "orders"
     assert decision.headers[h.ORIGINAL_ROUTING_KEY] == "orders.created"
     parked = run(Failed("E", "m", permanent=True), headers, exchange=stage, routing_key="x")
     assert isinstance(parked, Park) and parked.headers[h.ORIGINAL_EXCHANGE] == "orders"
     # a plain delivery through an exchange that merely looks like a stage is left alone
     plain = run(TRANSIENT, {}, exchange="shop.after-00", routing_key="k")
-    assert isinstance(plain, Retry) and plain.headers[h.ORIGINAL_EXCHANGE] == "shop.after-00"
+    assert isinstance(plain, RetryLater) and plain.headers[h.ORIGINAL_EXCHANGE] == "shop.after-00"
 
 
 def test_a_broker_driven_loop_of_a_delayed_message_maps_its_x_death_route() -> None:
@@ -940,7 +942,7 @@ def test_a_broker_driven_loop_of_a_delayed_message_maps_its_x_death_route() -> N
         }
     ]
     decision = run(TRANSIENT, headers, exchange="", routing_key="orders.work")
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     assert decision.headers[h.ORIGINAL_EXCHANGE] == "orders"
 
 
@@ -1030,5 +1032,5 @@ def test_internal_error_park_keeps_the_headers_it_can_and_never_raises() -> None
 )
 def test_decide_never_raises_whatever_the_headers_hold(headers: dict[str, Any]) -> None:
     decision = run(TRANSIENT, headers)
-    assert isinstance(decision, Retry | Park)
+    assert isinstance(decision, RetryLater | Park)
     assert 1 <= decision.headers[h.ATTEMPT] <= h.COUNT_MAX

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rmqkit.broker.snapshot import Snapshot
-from rmqkit.consumer.decision import QueuePolicy
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.health.checks import DEDUPE_CHECK, dedupe_window_short
 from rmqkit.health.dedupe import retry_path_s
 from rmqkit.health.doctor import run_checks

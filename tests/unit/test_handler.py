@@ -26,10 +26,9 @@ from rmqkit.consumer import handler as handler_module
 from rmqkit.consumer.attempts import attempt_number
 from rmqkit.consumer.decision import (
     Failed,
+    HandlerOutcome,
     HandlerTimeout,
-    Outcome,
     Park,
-    QueuePolicy,
     Success,
     Undecodable,
     decide,
@@ -37,6 +36,7 @@ from rmqkit.consumer.decision import (
 from rmqkit.consumer.handler import HandlerInput, LoadedHandler, load_handler, run_handler
 from rmqkit.consumer.loading import handler_from_callable
 from rmqkit.consumer.message import DecodeError, Message, Permanent, Retry
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.errors import ConfigError, ExitCode
 from tests.unit.handlers_fixture import ok
 
@@ -70,7 +70,7 @@ def run(
     timeout_s: float | None = None,
     permanent_types: frozenset[str] = frozenset(),
     **kwargs: Any,
-) -> Outcome:
+) -> HandlerOutcome:
     return asyncio.run(
         run_handler(
             handler, message, timeout_s=timeout_s, permanent_types=permanent_types, **kwargs
@@ -322,7 +322,7 @@ def test_async_handler_gets_the_message_and_no_task_is_created() -> None:
     assert run(load("ok:handle"), message) == Success()
     assert ok.received == [message]
 
-    async def main() -> tuple[Outcome, asyncio.Task[Any] | None]:
+    async def main() -> tuple[HandlerOutcome, asyncio.Task[Any] | None]:
         outcome = await run_handler(
             load("ok:record_task"), message, timeout_s=None, permanent_types=frozenset()
         )
@@ -344,7 +344,7 @@ def test_sync_handler_runs_in_another_thread() -> None:
 def test_sync_handler_runs_in_the_given_executor_with_the_callers_context() -> None:
     handler = load("ok:record_context_sync")
 
-    async def main(executor: ThreadPoolExecutor) -> Outcome:
+    async def main(executor: ThreadPoolExecutor) -> HandlerOutcome:
         ok.request_id.set("req-42")
         return await run_handler(
             handler, Message(b""), timeout_s=None, permanent_types=frozenset(), executor=executor
@@ -357,7 +357,7 @@ def test_sync_handler_runs_in_the_given_executor_with_the_callers_context() -> N
 
 
 def test_sync_handler_context_without_executor() -> None:
-    async def main() -> Outcome:
+    async def main() -> HandlerOutcome:
         ok.request_id.set("req-7")
         return await run_handler(
             load("ok:record_context_sync"),
@@ -589,7 +589,7 @@ def test_handler_that_turns_the_timeouts_cancellation_into_an_error_still_timed_
 def test_sync_handler_timeout_leaves_the_thread_to_finish() -> None:
     handler = load("ok:block_sync")
 
-    async def main() -> tuple[Outcome, float, bool]:
+    async def main() -> tuple[HandlerOutcome, float, bool]:
         started = time.monotonic()
         outcome = await run_handler(
             handler, Message(b""), timeout_s=0.05, permanent_types=frozenset()
@@ -647,11 +647,11 @@ def test_handler_that_swallows_the_timeouts_cancellation_finished_late_but_succe
 def test_many_concurrent_handlers_each_get_their_own_timeout() -> None:
     handler = load("ok:sleep_briefly")
 
-    async def one(duration_s: float, timeout_s: float) -> Outcome:
+    async def one(duration_s: float, timeout_s: float) -> HandlerOutcome:
         message = Message(str(duration_s).encode())
         return await run_handler(handler, message, timeout_s=timeout_s, permanent_types=frozenset())
 
-    async def main() -> list[Outcome]:
+    async def main() -> list[HandlerOutcome]:
         # A long timeout first, then shorter ones: the shared timer must move earlier.
         calls = [one(0.01, 10.0)]
         calls += [one(5.0 if i % 2 else 0.01, 0.1 + i / 1000) for i in range(100)]
@@ -860,7 +860,7 @@ def test_a_sync_handlers_timeout_counts_from_its_start_not_from_its_wait_for_a_t
 
     threads = HandlerThreads(1, spare=0)  # one thread: the second call must wait for it
 
-    async def main() -> tuple[Outcome, Outcome, float]:
+    async def main() -> tuple[HandlerOutcome, HandlerOutcome, float]:
         started = time.monotonic()
         first = asyncio.create_task(
             run_handler(
@@ -898,7 +898,7 @@ def test_a_call_past_its_timeout_is_stuck_until_it_ends_and_spares_serve_the_res
     changes: list[int] = []
     threads.on_change = lambda: changes.append(threads.stuck)
 
-    async def main() -> tuple[Outcome, Outcome, bool]:
+    async def main() -> tuple[HandlerOutcome, HandlerOutcome, bool]:
         hung = await run_handler(
             _sync(lambda m: release.wait(10)),
             Message(b""),

@@ -22,7 +22,7 @@ import pytest
 
 import rmqkit
 from rmqkit import headers as h
-from rmqkit.consumer.decision import Failed, HandlerTimeout, Park, QueuePolicy, Retry, decide
+from rmqkit.consumer.decision import Failed, HandlerTimeout, Park, RetryLater, decide
 from rmqkit.consumer.hooks import (
     HookRunner,
     Hooks,
@@ -34,6 +34,7 @@ from rmqkit.consumer.hooks import (
     success_event,
 )
 from rmqkit.consumer.loading import handler_from_callable
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.errors import ConfigError, UsageError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
@@ -57,7 +58,7 @@ def event(kind: str = "park", **more: Any) -> OutcomeEvent:
     return OutcomeEvent(kind, "jobs.work", "m-1", 1, **more)  # type: ignore[arg-type]
 
 
-def decided(outcome: Any, headers: dict[str, Any] | None = None) -> Retry | Park:
+def decided(outcome: Any, headers: dict[str, Any] | None = None) -> RetryLater | Park:
     decision = decide(
         outcome,
         headers,
@@ -69,7 +70,7 @@ def decided(outcome: Any, headers: dict[str, Any] | None = None) -> Retry | Park
         pid=1,
         rand=lambda: 0.0,
     )
-    assert isinstance(decision, Retry | Park)
+    assert isinstance(decision, RetryLater | Park)
     return decision
 
 

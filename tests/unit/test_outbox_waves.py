@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import rmqkit.outbox
+from rmqkit.broker.codec import headers_problem, wire_problem
 from rmqkit.broker.session import Outcome
 from rmqkit.errors import BrokerUnavailable
 from rmqkit.outbox.amqp import Broker, Row
-from rmqkit.outbox.write import headers_problem, wire_problem
 from rmqkit.settings import load_settings
 
 

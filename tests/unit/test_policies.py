@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from rmqkit.broker.policies import Policy, applying_policy, resolve, resolve_queue
 from rmqkit.broker.snapshot import effective_queue
 from rmqkit.parking.browse import _delivery_limit
-from rmqkit.topology.expand import MANAGED_KEYS
+from rmqkit.topology.desired import MANAGED_KEYS
 from rmqkit.topology.plan import LiveState, queue_settings
 
 V310, V40, V43 = (3, 10, 8), (4, 0, 5), (4, 3, 6)

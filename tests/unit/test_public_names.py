@@ -9,7 +9,8 @@ import pytest
 
 import rmqkit
 from rmqkit import headers as h
-from rmqkit.consumer.decision import Failed, Park, QueuePolicy, Retry, Undecodable, decide
+from rmqkit.consumer.decision import Failed, Park, RetryLater, Undecodable, decide
+from rmqkit.consumer.policy import QueuePolicy
 
 POLICY = QueuePolicy(
     queue="jobs.work",
@@ -24,7 +25,7 @@ class MyPermanent(rmqkit.Permanent):
     """A handler's own subclass: named by its own module path."""
 
 
-def _decide(exc: Exception, *, permanent: bool = False) -> Park | Retry:
+def _decide(exc: Exception, *, permanent: bool = False) -> Park | RetryLater:
     decision = decide(
         Failed.from_exception(exc, permanent=permanent),
         {},
@@ -35,7 +36,7 @@ def _decide(exc: Exception, *, permanent: bool = False) -> Park | Retry:
         host="h",
         pid=1,
     )
-    assert isinstance(decision, Park | Retry)
+    assert isinstance(decision, Park | RetryLater)
     return decision
 
 
@@ -73,7 +74,7 @@ def test_permanent_is_stored_as_rmqkit_permanent() -> None:
 
 def test_retry_is_stored_as_rmqkit_retry() -> None:
     decision = _decide(rmqkit.Retry(delay_s=1))
-    assert isinstance(decision, Retry)
+    assert isinstance(decision, RetryLater)
     assert decision.headers[h.ERROR_TYPE] == "rmqkit.Retry"
 
 

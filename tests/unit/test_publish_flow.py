@@ -1,4 +1,4 @@
-"""The publishing edge without a broker (rmqkit.outbox.edge): which lane, delay and fields."""
+"""The publishing edge without a broker (rmqkit.publishing.routing): lane, delay and fields."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from rmqkit.crypto import KeyRingError, decrypt_fields, generate_keyring
 from rmqkit.delay import DelayRangeError, Ladder
 from rmqkit.errors import DataError
-from rmqkit.outbox.edge import Edge, Encryptor
+from rmqkit.publishing.routing import Edge, Encryptor
 from rmqkit.topology import parse_topology
 
 FILE = """

@@ -11,9 +11,9 @@ import pytest
 import rmqkit
 from rmqkit.crypto import generate_keyring
 from rmqkit.publishing.edge import SensitiveIdError
-from rmqkit.publishing.engine import PublishReport
 from rmqkit.publishing.ids import IdSource
 from rmqkit.publishing.inputs import OutgoingMessage, messages_from_ndjson
+from rmqkit.publishing.report import PublishReport
 from rmqkit.publishing.stream import PublishEdge, _checked
 from rmqkit.settings import Settings
 

@@ -9,9 +9,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 import rmqkit
-from rmqkit.outbox.edge import Edge, Encryptor
 from rmqkit.publishing.prepare import body_bytes, delay_ms_of, prepare
 from rmqkit.publishing.results import PublishResult, failure
+from rmqkit.publishing.routing import Edge, Encryptor
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import rmqkit
 from rmqkit import headers as h
 from rmqkit.consumer.handler import run_handler
 from rmqkit.consumer.loading import LoadedHandler, handler_from_callable, load_handler
-from rmqkit.consumer.outcomes import Outcome, Success, Undecodable, UnroutableType
+from rmqkit.consumer.outcomes import HandlerOutcome, Success, Undecodable, UnroutableType
 from rmqkit.consumer.routing import RouteBy, Router
 from rmqkit.errors import ConfigError, UsageError
 from rmqkit.testing import run_handler as simulate
@@ -25,8 +25,8 @@ from tests import routing_handlers
 Message = rmqkit.Message
 
 
-def run(handler: LoadedHandler, message: Message, transaction: Any = None) -> Outcome:
-    async def main() -> Outcome:
+def run(handler: LoadedHandler, message: Message, transaction: Any = None) -> HandlerOutcome:
+    async def main() -> HandlerOutcome:
         return await run_handler(
             handler, message, timeout_s=None, permanent_types=frozenset(), transaction=transaction
         )

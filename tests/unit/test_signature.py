@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 import rmqkit
-from rmqkit.consumer.decision import Outcome, Success, Undecodable
+from rmqkit.consumer.decision import HandlerOutcome, Success, Undecodable
 from rmqkit.consumer.handler import run_handler
 from rmqkit.consumer.loading import LoadedHandler, handler_from_callable
 from rmqkit.consumer.signature import ACCEPTED, HandlerInput, Role
@@ -30,8 +30,8 @@ seen: list[tuple[Any, ...]] = []
 TX = object()  # a stand-in: run_handler passes it through untouched
 
 
-def run(handler: LoadedHandler, message: Message, transaction: Any = None) -> Outcome:
-    async def main() -> Outcome:
+def run(handler: LoadedHandler, message: Message, transaction: Any = None) -> HandlerOutcome:
+    async def main() -> HandlerOutcome:
         return await run_handler(
             handler, message, timeout_s=None, permanent_types=frozenset(), transaction=transaction
         )

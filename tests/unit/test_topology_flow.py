@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rmqkit.errors import ExitCode, TopologyFileError
-from rmqkit.topology.flow import LaneSpec, topic_matches
+from rmqkit.topology.lanes import LaneSpec, topic_matches
 from rmqkit.topology.model import Topology, parse_topology
 
 FILE = """\

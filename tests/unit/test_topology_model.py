@@ -93,7 +93,7 @@ def test_a_work_queue_without_retry_delays_gets_the_default_ladder() -> None:
     """Issue 15: a file that left out retry_delays parked every message on its first transient
     failure; now it retries through 1s, 10s, 1m, 5m, and `plan` says it is the default."""
     from rmqkit.topology.expand import expand, wait_queue_names
-    from rmqkit.topology.model import DEFAULT_RETRY_DELAYS_MS
+    from rmqkit.topology.schema import DEFAULT_RETRY_DELAYS_MS
 
     topology = parse_topology("[queues.w]\n", "t.toml")
     assert topology.model.queues["w"].retry_delays == [1_000, 10_000, 60_000, 300_000]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rmqkit.broker.snapshot import Snapshot, effective_queue
-from rmqkit.consumer.decision import QueuePolicy
+from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.consumer.wiring import check_wiring, policy_from_snapshot, wait_tier_of
 from rmqkit.errors import ConfigError, ExitCode
 

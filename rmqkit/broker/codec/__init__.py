@@ -3,7 +3,7 @@
 pamqp (the codec under aiormq and aio-pika) narrows integers, writes every float as 32-bit,
 misreads timestamps past 2**32 and fails the whole connection on some values RabbitMQ accepts
 (``fieldtypes`` lists it all). rmqkit needs the exact types to export, import, replay and copy
-messages without changing them, so it has its own codec, in four modules:
+messages without changing them, so it has its own codec, in five modules:
 
 * ``fieldtypes``: the typed scalars (``Int8`` … ``Timestamp``, ``Float32``, ``Float64``,
   ``AmqpDecimal``) and the value model (``FieldValue``, ``FieldTable``);
@@ -11,7 +11,9 @@ messages without changing them, so it has its own codec, in four modules:
 * ``properties``: ``TypedProperties`` (Basic properties on that codec), the property table
   ``PROPERTIES`` and ``copy_properties`` for retry, park and replay copies;
 * ``hook``: the one hook into pamqp's content-header decoder, active for connections opened in
-  ``typed_decoding()`` (``rmqkit.broker.session.open_session(typed=True)`` does that).
+  ``typed_decoding()`` (``rmqkit.broker.session.open_session(typed=True)`` does that);
+* ``limits``: what the wire can carry (``wire_problem``, ``headers_problem``), checked before a
+  message is written or sent.
 
 Code outside this package imports only the names below; the pamqp internals the hook touches
 are in ``rmqkit.broker.internals``.
@@ -46,6 +48,12 @@ from rmqkit.broker.codec.hook import (
     typed_decoding,
     uninstall,
 )
+from rmqkit.broker.codec.limits import (
+    FIELD_NAME_MAX,
+    SHORTSTR_MAX,
+    headers_problem,
+    wire_problem,
+)
 from rmqkit.broker.codec.properties import (
     OCTET,
     PROPERTIES,
@@ -71,12 +79,14 @@ from rmqkit.broker.codec.wire import (
 )
 
 __all__ = [
+    "FIELD_NAME_MAX",
     "INT_TYPES",
     "MAX_DEPTH",
     "OCTET",
     "PROPERTIES",
     "PROPERTY_NAMES",
     "SHORTSTR",
+    "SHORTSTR_MAX",
     "SUPPORTED_PAMQP_MAJORS",
     "TABLE",
     "TIMESTAMP",
@@ -106,6 +116,7 @@ __all__ = [
     "decode_properties",
     "encode_field_table",
     "encode_field_value",
+    "headers_problem",
     "install",
     "is_installed",
     "pamqp_problems",
@@ -113,4 +124,5 @@ __all__ = [
     "plain_timestamp",
     "typed_decoding",
     "uninstall",
+    "wire_problem",
 ]

@@ -1,13 +1,13 @@
 """Handlers run with their message id recorded in the same transaction, several per commit.
 
-``DedupeLanes`` is what ``rmqkit consume --dedupe`` runs each delivery through. Deliveries
-queue up; each of ``connections`` lanes (one database connection each) takes what is queued
+``DedupeWorkers`` is what ``rmqkit consume --dedupe`` runs each delivery through. Deliveries
+queue up; each of ``connections`` workers (one database connection each) takes what is queued
 (up to ``batch``) and handles it in **one** transaction:
 
 1. ``BEGIN`` (SQLite: ``BEGIN IMMEDIATE``, the write lock up front);
-2. record every id of the batch in the lanes' scope (``LaneOptions.scope``: the same id in
+2. record every id of the batch in the workers' scope (``WorkerOptions.scope``: the same id in
    another scope is another consumer's) with one ``INSERT … ON CONFLICT DO NOTHING RETURNING``, ids
-   sorted so that two lanes (or two consumers) lock them in the same order and cannot deadlock
+   sorted so that two workers (or two consumers) lock them in the same order and cannot deadlock
    on them; an id that is not returned was already recorded — committed by someone else, or
    in flight in another transaction, which this insert waited for — and is a **duplicate**: its
    handler is not called. With the ordering guard, the batch's keys are locked the same way;
@@ -37,18 +37,18 @@ from typing import Any, Generic, TypeVar
 
 from rmqkit.errors import ConfigError
 from rmqkit.guard import VERSIONS_TABLE, apply_sql, lock_keys_sql
-from rmqkit.idempotency.connections import LaneConnection, open_lane_connection
-from rmqkit.idempotency.jobs import (
+from rmqkit.idempotency.connections import WorkerConnection, open_worker_connection
+from rmqkit.idempotency.record import forget_sql, insert_many, recorded_sql
+from rmqkit.idempotency.work import (
     Abandoned,
     Batch,
     Claim,
+    DedupeVerdict,
     HandlerEnd,
     Job,
-    LaneOptions,
     OrderKey,
-    Verdict,
+    WorkerOptions,
 )
-from rmqkit.idempotency.record import forget_sql, insert_many, recorded_sql
 from rmqkit.store import Dsn, as_dsn, dialect_for, map_db_error
 
 log = logging.getLogger("rmqkit.consumer")
@@ -57,14 +57,14 @@ _SAVEPOINT = "rmqkit_message"
 _REOPEN_PAUSE_S = 0.5  # a database that refuses connections is not asked again at once
 
 
-class DedupeLanes(Generic[R]):
+class DedupeWorkers(Generic[R]):
     """Run handler calls with their ids recorded in the same transaction (module docstring).
 
     ``judge(outcome)`` says whether a call's outcome commits, rolls back, or abandoned the
     connection. Use from one event loop; ``start`` before ``run``, ``close`` at the end.
     """
 
-    def __init__(self, options: LaneOptions, judge: Callable[[R], HandlerEnd]) -> None:
+    def __init__(self, options: WorkerOptions, judge: Callable[[R], HandlerEnd]) -> None:
         self.options = options
         self._dsn: Dsn = as_dsn(options.dsn)
         self._dialect = dialect_for(self._dsn.backend)
@@ -74,14 +74,14 @@ class DedupeLanes(Generic[R]):
         self._savepoints = options.pass_transaction or options.ordered
         self._begin = "BEGIN IMMEDIATE" if self._dialect.name == "sqlite" else "BEGIN"
         self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Job, or Claim without savepoints
-        self._lanes: list[asyncio.Task[None]] = []
+        self._workers: list[asyncio.Task[None]] = []
         self.transactions = 0  # committed (for the logs and the benchmark: messages per commit)
 
     async def start(self) -> None:
-        """Check the store answers and was initialised; start the lanes."""
+        """Check the store answers and was initialised; start the workers."""
         conn = await self._open()
         try:
-            # The statements the lanes run need the scoped schema: an older store fails here.
+            # The statements the workers run need the scoped schema: an older store fails here.
             await conn.fetch(recorded_sql(self._dialect), (self._scope, ""))
             if self.options.ordered:
                 await conn.fetch(
@@ -102,19 +102,19 @@ class DedupeLanes(Generic[R]):
         finally:
             await conn.close()
         for index in range(max(1, self.options.connections)):
-            self._lanes.append(asyncio.create_task(self._lane(), name=f"rmqkit-dedupe-{index}"))
+            self._workers.append(asyncio.create_task(self._work(), name=f"rmqkit-dedupe-{index}"))
 
     async def close(self) -> None:
-        """Stop the lanes (call once no message is in flight)."""
-        for lane in self._lanes:
-            lane.cancel()
-        for lane in self._lanes:
+        """Stop the workers (call once no message is in flight)."""
+        for worker in self._workers:
+            worker.cancel()
+        for worker in self._workers:
             with contextlib.suppress(BaseException):
-                await lane
+                await worker
 
     async def run(
         self, message_id: str, call: Callable[[Any], Awaitable[R]], order: OrderKey | None = None
-    ) -> tuple[Verdict, R | None]:
+    ) -> tuple[DedupeVerdict, R | None]:
         """Handle one message: ``call(tx)`` runs its handler (``tx`` is the transaction's
         connection when the handler takes one, else None) unless it is a duplicate or stale.
         Returns the verdict and the call's outcome (None when not called); raises the store's
@@ -122,7 +122,7 @@ class DedupeLanes(Generic[R]):
         loop = asyncio.get_running_loop()
         if not self._savepoints:
             return await self._run_claimed(loop, message_id, call)
-        future: asyncio.Future[tuple[Verdict, R | None]] = loop.create_future()
+        future: asyncio.Future[tuple[DedupeVerdict, R | None]] = loop.create_future()
         self._queue.put_nowait(Job(message_id, order, call, future))
         return await future
 
@@ -131,15 +131,15 @@ class DedupeLanes(Generic[R]):
         loop: asyncio.AbstractEventLoop,
         message_id: str,
         call: Callable[[Any], Awaitable[R]],
-    ) -> tuple[Verdict, R | None]:
+    ) -> tuple[DedupeVerdict, R | None]:
         """Without savepoints the handler runs here, in the delivery's own task (no task per
-        message): a lane records the id and keeps the transaction open until every handler of
+        message): a worker records the id and keeps the transaction open until every handler of
         its batch has reported, then commits; the verdict comes after the commit."""
         claim: asyncio.Future[tuple[Batch, bool]] = loop.create_future()
         self._queue.put_nowait(Claim(message_id, claim))
         batch, new = await claim
         if not new:
-            return Verdict.DUPLICATE, None
+            return DedupeVerdict.DUPLICATE, None
         ok = False
         try:
             outcome = await call(None)
@@ -149,14 +149,14 @@ class DedupeLanes(Generic[R]):
         await batch.committed.wait()
         if batch.error is not None:
             raise batch.error
-        return (Verdict.APPLIED if ok else Verdict.ROLLED_BACK), outcome
+        return (DedupeVerdict.APPLIED if ok else DedupeVerdict.ROLLED_BACK), outcome
 
-    # --- lanes ----------------------------------------------------------------------------
-    async def _open(self) -> LaneConnection:
-        return await open_lane_connection(self._dsn, sync=self.options.sync_connection)
+    # --- workers --------------------------------------------------------------------------
+    async def _open(self) -> WorkerConnection:
+        return await open_worker_connection(self._dsn, sync=self.options.sync_connection)
 
-    async def _lane(self) -> None:
-        conn: LaneConnection | None = None
+    async def _work(self) -> None:
+        conn: WorkerConnection | None = None
         try:
             while True:
                 jobs = [await self._queue.get()]
@@ -171,8 +171,8 @@ class DedupeLanes(Generic[R]):
                 await asyncio.shield(conn.close())
 
     async def _process(
-        self, conn: LaneConnection | None, jobs: list[Job[R]], *, fallback: bool
-    ) -> LaneConnection | None:
+        self, conn: WorkerConnection | None, jobs: list[Job[R]], *, fallback: bool
+    ) -> WorkerConnection | None:
         if conn is None:
             try:
                 conn = await self._open()
@@ -186,7 +186,7 @@ class DedupeLanes(Generic[R]):
             results = await self._transaction(conn, jobs)
         except Abandoned as abandoned:
             await conn.abandon()
-            abandoned.job.resolve(Verdict.ROLLED_BACK, abandoned.outcome)
+            abandoned.job.resolve(DedupeVerdict.ROLLED_BACK, abandoned.outcome)
             rest = [job for job in jobs if job is not abandoned.job]
             return await self._one_by_one(None, rest)
         except asyncio.CancelledError:
@@ -206,8 +206,8 @@ class DedupeLanes(Generic[R]):
         return conn
 
     async def _claims(
-        self, conn: LaneConnection | None, claims: list[Claim]
-    ) -> LaneConnection | None:
+        self, conn: WorkerConnection | None, claims: list[Claim]
+    ) -> WorkerConnection | None:
         batch = Batch()
         try:
             if conn is None:
@@ -248,13 +248,13 @@ class DedupeLanes(Generic[R]):
         return conn
 
     async def _one_by_one(
-        self, conn: LaneConnection | None, jobs: list[Job[R]]
-    ) -> LaneConnection | None:
+        self, conn: WorkerConnection | None, jobs: list[Job[R]]
+    ) -> WorkerConnection | None:
         for job in jobs:
             conn = await self._process(conn, [job], fallback=False)
         return conn
 
-    async def _reset(self, conn: LaneConnection) -> LaneConnection | None:
+    async def _reset(self, conn: WorkerConnection) -> WorkerConnection | None:
         try:
             await conn.execute("ROLLBACK")
         except Exception:
@@ -263,8 +263,8 @@ class DedupeLanes(Generic[R]):
         return conn
 
     async def _transaction(
-        self, conn: LaneConnection, jobs: list[Job[R]]
-    ) -> list[tuple[Verdict, R | None]]:
+        self, conn: WorkerConnection, jobs: list[Job[R]]
+    ) -> list[tuple[DedupeVerdict, R | None]]:
         dialect, scope, queue = self._dialect, self._scope, self.options.queue
         await conn.execute(self._begin)
         sql, params = insert_many(dialect, sorted({job.message_id for job in jobs}), scope, queue)
@@ -276,7 +276,9 @@ class DedupeLanes(Generic[R]):
                     await conn.fetch(statement, [scope, keys])
                 else:
                     await conn.execute(statement, [scope, keys])
-        results: list[tuple[Verdict, R | None]] = [(Verdict.DUPLICATE, None)] * len(jobs)
+        results: list[tuple[DedupeVerdict, R | None]] = [(DedupeVerdict.DUPLICATE, None)] * len(
+            jobs
+        )
         pending: list[int] = []
         for index, job in enumerate(jobs):
             if job.message_id in new:
@@ -308,7 +310,7 @@ class DedupeLanes(Generic[R]):
         return results
 
     async def _ended_by_handler(
-        self, conn: LaneConnection, jobs: list[Job[R]], pending: list[int]
+        self, conn: WorkerConnection, jobs: list[Job[R]], pending: list[int]
     ) -> None:
         """The handler of ``jobs[pending[0]]`` ended the transaction itself (or left it
         aborted). A COMMIT there also committed the ids of the batch's messages whose handlers
@@ -328,16 +330,16 @@ class DedupeLanes(Generic[R]):
         )
 
     async def _settle(
-        self, conn: LaneConnection, job: Job[R], outcome: R
-    ) -> tuple[Verdict, R | None]:
+        self, conn: WorkerConnection, job: Job[R], outcome: R
+    ) -> tuple[DedupeVerdict, R | None]:
         if self._judge(outcome) is HandlerEnd.OK:
-            return Verdict.APPLIED, outcome
+            return DedupeVerdict.APPLIED, outcome
         await conn.execute(forget_sql(self._dialect), (self._scope, job.message_id))
-        return Verdict.ROLLED_BACK, outcome
+        return DedupeVerdict.ROLLED_BACK, outcome
 
     async def _in_savepoint(
-        self, conn: LaneConnection, job: Job[R], previous_open: bool
-    ) -> tuple[Verdict, R | None]:
+        self, conn: WorkerConnection, job: Job[R], previous_open: bool
+    ) -> tuple[DedupeVerdict, R | None]:
         if not previous_open:
             await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
         elif self._dialect.name == "postgresql":  # two statements, one round trip
@@ -350,22 +352,22 @@ class DedupeLanes(Generic[R]):
                 apply_sql(self._dialect), (self._scope, job.order.key, job.order.version)
             )
             if applied != 1:
-                return Verdict.STALE, None
+                return DedupeVerdict.STALE, None
         outcome = await job.call(conn.handle if self.options.pass_transaction else None)
         end = self._judge(outcome)
         if end is HandlerEnd.OK:
-            return Verdict.APPLIED, outcome
+            return DedupeVerdict.APPLIED, outcome
         if end is HandlerEnd.ABANDONED and self.options.pass_transaction:
             raise Abandoned(job, outcome)
         # Back to the start of this message: its writes and the guard's version are undone;
         # the id was recorded before the savepoint, so it is deleted explicitly.
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
         await conn.execute(forget_sql(self._dialect), (self._scope, job.message_id))
-        return Verdict.ROLLED_BACK, outcome
+        return DedupeVerdict.ROLLED_BACK, outcome
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-__all__ = ["DedupeLanes", "HandlerEnd", "LaneOptions", "OrderKey", "Verdict"]
+__all__ = ["DedupeVerdict", "DedupeWorkers", "HandlerEnd", "OrderKey", "WorkerOptions"]

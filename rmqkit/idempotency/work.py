@@ -1,4 +1,4 @@
-"""What the dedupe lanes pass around: verdicts, ordering keys, options, and queued work."""
+"""What the dedupe workers pass around: verdicts, ordering keys, options, and queued work."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class HandlerEnd(Enum):
     ABANDONED = "abandoned"  # still running (timed out): the connection may be in use
 
 
-class Verdict(StrEnum):
+class DedupeVerdict(StrEnum):
     """What happened to one message."""
 
     APPLIED = "applied"
@@ -38,8 +38,8 @@ class OrderKey:
 
 
 @dataclass(frozen=True)
-class LaneOptions:
-    """``connections`` lanes, at most ``batch`` messages per transaction; ids and versions are
+class WorkerOptions:
+    """``connections`` workers, at most ``batch`` messages per transaction; ids and versions are
     recorded in ``scope`` (None: the queue's own, ``queue``), ``queue`` kept with each id."""
 
     dsn: str
@@ -62,9 +62,9 @@ class Job(Generic[R]):
     message_id: str
     order: OrderKey | None
     call: Callable[[Any], Awaitable[R]]
-    future: asyncio.Future[tuple[Verdict, R | None]] = field(repr=False)
+    future: asyncio.Future[tuple[DedupeVerdict, R | None]] = field(repr=False)
 
-    def resolve(self, verdict: Verdict, outcome: R | None) -> None:
+    def resolve(self, verdict: DedupeVerdict, outcome: R | None) -> None:
         if not self.future.done():
             self.future.set_result((verdict, outcome))
 
@@ -122,9 +122,9 @@ __all__ = [
     "Abandoned",
     "Batch",
     "Claim",
+    "DedupeVerdict",
     "HandlerEnd",
     "Job",
-    "LaneOptions",
     "OrderKey",
-    "Verdict",
+    "WorkerOptions",
 ]

@@ -1,8 +1,8 @@
 """Flow control in a topology file: the names of lanes, partitions and their hash exchange, which
 lane a message takes, and which work queues a publish reaches (docs/topology.md).
 
-Pure functions over the validated model; ``Topology`` (rmqkit.topology.model) exposes them as
-methods. This module imports the model only for type checking, so model.py can import it.
+Pure functions over the validated schema (rmqkit.topology.schema); ``Topology``
+(rmqkit.topology.model) exposes them as methods.
 """
 
 from __future__ import annotations
@@ -10,13 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from rmqkit.topology.model import LaneModel, QueueModel, TopologyModel
+from rmqkit.names import lane_queue, partition_exchange, partition_queue
+from rmqkit.topology.schema import LaneModel, QueueModel, TopologyModel
 
-LANE_INFIX = ".lane."
-PARTITION_EXCHANGE_SUFFIX = ".partition"
 # The broker's built-in exchanges and their types: a file binds to them without declaring them.
 BUILTIN_TYPES = {
     "amq.direct": "direct",
@@ -37,29 +35,14 @@ class LaneSpec:
     concurrency: int | None  # the lane's; None: the consumer's own (as for the work queue)
 
 
-def lane_queue_name(work_queue: str, lane: str) -> str:
-    """``orders.work`` + ``large`` → ``orders.work.lane.large``."""
-    return f"{work_queue}{LANE_INFIX}{lane}"
-
-
-def partition_queue_name(work_queue: str, index: int) -> str:
-    """``orders.work`` + 3 → ``orders.work.p3``."""
-    return f"{work_queue}.p{index}"
-
-
-def partition_exchange_name(work_queue: str) -> str:
-    """The x-consistent-hash exchange in front of a partitioned work queue's partitions."""
-    return f"{work_queue}{PARTITION_EXCHANGE_SUFFIX}"
-
-
 def derived_queues(model: TopologyModel) -> dict[str, str]:
     """Every lane and partition queue of the file → the work queue (as in the file) it serves."""
     out: dict[str, str] = {}
     for name, spec in model.queues.items():
         for lane in spec.lanes:
-            out[lane_queue_name(name, lane)] = name
+            out[lane_queue(name, lane)] = name
         for index in range(spec.partitions or 0):
-            out[partition_queue_name(name, index)] = name
+            out[partition_queue(name, index)] = name
     return out
 
 
@@ -68,7 +51,7 @@ def lane_specs(work_queue: str, spec: QueueModel) -> list[LaneSpec]:
     return [
         LaneSpec(
             name=lane,
-            queue=lane_queue_name(work_queue, lane),
+            queue=lane_queue(work_queue, lane),
             prefetch=model.prefetch or spec.prefetch,
             concurrency=model.concurrency,
         )
@@ -99,7 +82,7 @@ def choose_lane(
     """The queue a message for ``work_queue`` goes to: the first matching lane, else itself."""
     for lane, model in spec.lanes.items():
         if lane_matches(model, headers or {}, body_size):
-            return lane_queue_name(work_queue, lane)
+            return lane_queue(work_queue, lane)
     return work_queue
 
 
@@ -256,7 +239,7 @@ def flow_problems(model: TopologyModel) -> list[tuple[tuple[int | str, ...], str
                 ((*loc, "encrypt"), "encrypt = true needs sensitive_fields (what to encrypt)")
             )
         if spec.partitions:
-            exchange = partition_exchange_name(name)
+            exchange = partition_exchange(name)
             if exchange in taken:
                 problems.append(
                     ((*loc, "partitions"), f"the partition exchange {exchange!r} clashes")

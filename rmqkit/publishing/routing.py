@@ -1,9 +1,9 @@
 """The publishing edge a topology defines (issues 15 and 16): lanes, delays, encrypted fields.
 
 Shared by ``rmqkit publish --topology/--delay`` (rmqkit/cli/publish.py), ``rmqkit.outbox.add(...,
-encryptor=, delay=)`` and ``rmqkit outbox relay --topology``. It sits in the outbox layer (rank 3)
-because it needs the topology, the delay ladder and the crypto library below it, and both the
-publish command and the outbox use it (docs/outbox.md, docs/delay.md "Wiring").
+encryptor=, delay=)`` and ``rmqkit outbox relay --topology``. The publishing layer (rank 3, beside
+the outbox) holds it: it needs the topology, the delay ladder and the crypto library below it,
+and both the publishers and the outbox use it (docs/outbox.md, docs/delay.md "Wiring").
 
 - ``Encryptor``: which fields of a message to encrypt, from the work queues its exchange and
   routing key reach (``encrypt = true``: their ``sensitive_fields``, with ``blind_index``), a
@@ -202,7 +202,7 @@ class Encryptor:
 
 
 @dataclass(frozen=True)
-class Routed:
+class PublishRoute:
     """Where one message is published: the exchange and routing key to use, its headers, the
     queue it was steered to (a lane) and its delay (``applied_ms`` 0: not delayed)."""
 
@@ -291,7 +291,7 @@ class Edge:
         delay_ms: int | None = None,
         waited_ms: float = 0.0,
         expiration: str | None = None,
-    ) -> Routed:
+    ) -> PublishRoute:
         """Where to publish one message. ``delay_ms``: asked for (None: the work queue's default
         delay, if any; 0: none); ``waited_ms``: time it already waited (the outbox row's age),
         deducted from the delay. DelayRangeError (65) beyond the ladder's maximum or with an
@@ -302,18 +302,18 @@ class Edge:
         own = dict(headers) if headers else None
         target = ("", lane) if lane is not None else (exchange, routing_key)
         if not delay_ms:
-            return Routed(target[0], target[1], own, lane)
+            return PublishRoute(target[0], target[1], own, lane)
         self.check_delay(delay_ms)
         left = max(0, int(delay_ms - waited_ms))
         plan = self.ladder.plan(left, target[0], target[1], own, expiration=expiration)
         if plan.applied_ms == 0:  # waited long enough already: straight to the target
-            return Routed(target[0], target[1], own, lane, left)
-        return Routed(
+            return PublishRoute(target[0], target[1], own, lane, left)
+        return PublishRoute(
             plan.exchange, plan.routing_key, plan.headers, lane, left, plan.applied_ms, target
         )
 
     async def declare(
-        self, session: Session, routed: Iterable[Routed], *, again: bool = False
+        self, session: Session, routed: Iterable[PublishRoute], *, again: bool = False
     ) -> dict[tuple[str, str], DataError]:
         """Declare the ladder and the exits the ``routed`` messages need, each once per Edge
         (idempotent on the broker; the cache saves the round trips). ``again``: declare the

@@ -1,4 +1,4 @@
-"""DedupeLanes (what `consume --dedupe` runs deliveries through) on a real SQLite file and the
+"""DedupeWorkers (what `consume --dedupe` runs deliveries through) on a real SQLite file and the
 real PostgreSQL, without a broker: calls stand in for handlers and write business rows in the
 transaction they are given; the tests count rows in the database."""
 
@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from rmqkit.idempotency import DedupeLanes, HandlerEnd, LaneOptions, OrderKey, Verdict, init_store
+from rmqkit.idempotency import (
+    DedupeVerdict,
+    DedupeWorkers,
+    HandlerEnd,
+    OrderKey,
+    WorkerOptions,
+    init_store,
+)
 from rmqkit.store import dialect_of
 from tests.dedupe_harness import BACKENDS, query, store_dsn
 
@@ -54,9 +61,9 @@ def sync_writer(message_id: str) -> Any:
     return call
 
 
-async def _lanes(dsn: str, **options: Any) -> DedupeLanes[str]:
-    lanes: DedupeLanes[str] = DedupeLanes(
-        LaneOptions(dsn=dsn, queue="q", **{"connections": 2, "batch": 20, **options}), judge
+async def _lanes(dsn: str, **options: Any) -> DedupeWorkers[str]:
+    lanes: DedupeWorkers[str] = DedupeWorkers(
+        WorkerOptions(dsn=dsn, queue="q", **{"connections": 2, "batch": 20, **options}), judge
     )
     await lanes.start()
     return lanes
@@ -70,7 +77,7 @@ def test_each_id_applied_once_with_duplicates_in_and_across_batches(dsn: str) ->
     ids = [f"m-{i}" for i in range(300)]
     deliveries = ids + random.sample(ids, 60) + ids[:10]
 
-    async def main() -> Counter[Verdict]:
+    async def main() -> Counter[DedupeVerdict]:
         lanes = await _lanes(dsn, pass_transaction=True)
         try:
             results = await asyncio.gather(*(lanes.run(m, writer(m)) for m in deliveries))
@@ -79,13 +86,13 @@ def test_each_id_applied_once_with_duplicates_in_and_across_batches(dsn: str) ->
         return Counter(verdict for verdict, _ in results)
 
     verdicts = asyncio.run(main())
-    assert verdicts == {Verdict.APPLIED: 300, Verdict.DUPLICATE: 70}
+    assert verdicts == {DedupeVerdict.APPLIED: 300, DedupeVerdict.DUPLICATE: 70}
     assert business(dsn) == Counter(ids)
     assert query(dsn, "SELECT count(*) FROM rmqkit_processed") == [(300,)]
 
 
 def test_a_failed_handler_rolls_back_its_rows_and_its_id(dsn: str) -> None:
-    async def main() -> list[tuple[Verdict, str | None]]:
+    async def main() -> list[tuple[DedupeVerdict, str | None]]:
         lanes = await _lanes(dsn, pass_transaction=True)
         try:
             first = await asyncio.gather(
@@ -97,8 +104,8 @@ def test_a_failed_handler_rolls_back_its_rows_and_its_id(dsn: str) -> None:
         return [*first, again]
 
     results = asyncio.run(main())
-    assert [v for v, _ in results[:30]].count(Verdict.ROLLED_BACK) == 10
-    assert results[30] == (Verdict.APPLIED, "ok")
+    assert [v for v, _ in results[:30]].count(DedupeVerdict.ROLLED_BACK) == 10
+    assert results[30] == (DedupeVerdict.APPLIED, "ok")
     applied = business(dsn)
     assert set(applied) == {f"m-{i}" for i in range(30) if i % 3} | {"m-0"}
     assert max(applied.values()) == 1
@@ -106,10 +113,10 @@ def test_a_failed_handler_rolls_back_its_rows_and_its_id(dsn: str) -> None:
 
 
 def test_two_consumers_racing_on_the_same_ids(dsn: str) -> None:
-    """Two DedupeLanes (two consumers, separate connections) get the same 200 ids at once."""
+    """Two DedupeWorkers (two consumers, separate connections) get the same 200 ids at once."""
     ids = [f"r-{i}" for i in range(200)]
 
-    async def main() -> Counter[Verdict]:
+    async def main() -> Counter[DedupeVerdict]:
         a = await _lanes(dsn, pass_transaction=True)
         b = await _lanes(dsn, pass_transaction=True)
         try:
@@ -121,7 +128,7 @@ def test_two_consumers_racing_on_the_same_ids(dsn: str) -> None:
             await b.close()
         return Counter(verdict for verdict, _ in results)
 
-    assert asyncio.run(main()) == {Verdict.APPLIED: 200, Verdict.DUPLICATE: 200}
+    assert asyncio.run(main()) == {DedupeVerdict.APPLIED: 200, DedupeVerdict.DUPLICATE: 200}
     assert business(dsn) == Counter(ids)
 
 
@@ -141,7 +148,7 @@ def test_handlers_without_the_transaction_run_concurrently(dsn: str) -> None:
 
         return call
 
-    async def main() -> Counter[Verdict]:
+    async def main() -> Counter[DedupeVerdict]:
         lanes = await _lanes(dsn, connections=1)
         try:
             results = await asyncio.gather(
@@ -151,13 +158,13 @@ def test_handlers_without_the_transaction_run_concurrently(dsn: str) -> None:
             await lanes.close()
         return Counter(verdict for verdict, _ in results)
 
-    assert asyncio.run(main()) == {Verdict.APPLIED: 19, Verdict.ROLLED_BACK: 1}
+    assert asyncio.run(main()) == {DedupeVerdict.APPLIED: 19, DedupeVerdict.ROLLED_BACK: 1}
     assert peak > 5
     assert query(dsn, "SELECT count(*) FROM rmqkit_processed") == [(19,)]
 
 
 def test_sync_connections_for_thread_handlers(dsn: str) -> None:
-    async def main() -> Counter[Verdict]:
+    async def main() -> Counter[DedupeVerdict]:
         lanes = await _lanes(dsn, pass_transaction=True, sync_connection=True)
         try:
             ids = [f"s-{i}" for i in range(50)]
@@ -166,7 +173,7 @@ def test_sync_connections_for_thread_handlers(dsn: str) -> None:
             await lanes.close()
         return Counter(verdict for verdict, _ in results)
 
-    assert asyncio.run(main()) == {Verdict.APPLIED: 50, Verdict.DUPLICATE: 5}
+    assert asyncio.run(main()) == {DedupeVerdict.APPLIED: 50, DedupeVerdict.DUPLICATE: 5}
     assert len(business(dsn)) == 50 and max(business(dsn).values()) == 1
 
 
@@ -174,7 +181,7 @@ def test_ordering_guard_converges_to_the_latest_version(dsn: str) -> None:
     deliveries = [(f"k{k}", v) for k in range(20) for v in range(1, 11)]
     random.shuffle(deliveries)
 
-    async def main() -> Counter[Verdict]:
+    async def main() -> Counter[DedupeVerdict]:
         lanes = await _lanes(dsn, pass_transaction=True, ordered=True, connections=3)
         try:
             results = await asyncio.gather(
@@ -192,8 +199,8 @@ def test_ordering_guard_converges_to_the_latest_version(dsn: str) -> None:
         return Counter(verdict for verdict, _ in results)
 
     verdicts = asyncio.run(main())
-    assert verdicts[Verdict.APPLIED] + verdicts[Verdict.STALE] == 200
-    assert verdicts[Verdict.STALE] > 0
+    assert verdicts[DedupeVerdict.APPLIED] + verdicts[DedupeVerdict.STALE] == 200
+    assert verdicts[DedupeVerdict.STALE] > 0
     versions = dict(query(dsn, "SELECT key, version FROM rmqkit_versions WHERE scope = 'q'"))
     assert versions == {f"k{k}".encode(): 10 for k in range(20)}
     latest = query(dsn, "SELECT k, max(version) FROM business GROUP BY k")
@@ -242,7 +249,7 @@ def test_a_store_cut_off_at_start_is_unavailable_not_uninitialised() -> None:
     from tests.dedupe_harness import pg_schema_dsn
 
     async def scenario(dsn: str) -> None:
-        lanes: DedupeLanes[str] = DedupeLanes(LaneOptions(dsn=dsn, queue="q"), judge)
+        lanes: DedupeWorkers[str] = DedupeWorkers(WorkerOptions(dsn=dsn, queue="q"), judge)
         real_open = lanes._open
 
         async def open_then_cut() -> Any:
