@@ -18,7 +18,8 @@ from rmqkit.broker.session import Outcome, Session, open_session, outcome_of
 from rmqkit.crypto import KeyRing
 from rmqkit.errors import BrokerUnavailable, DataError, UsageError
 from rmqkit.fileout import OutputError, SafeOutput
-from rmqkit.parking.browse import Verdict, browse, check_import_target
+from rmqkit.parking.browse import Verdict, browse
+from rmqkit.parking.guards import check_import_target
 from rmqkit.parking.journal import ImportJournal, record_digest
 from rmqkit.parking.model import ParkedFilter, ParkedMessage, decrypted_body
 from rmqkit.parking.ops import PUBLISH_WINDOW, Progress, parking_session, ready_count
