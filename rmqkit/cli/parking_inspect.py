@@ -15,6 +15,7 @@ from rich.table import Table
 
 from rmqkit.broker.codec import PROPERTIES
 from rmqkit.cli.common import run_async, seconds_option, settings_from
+from rmqkit.cli.completion import complete_queue
 from rmqkit.cli.keyring_settings import require_keyring
 from rmqkit.cli.parking_options import (
     DECRYPT_OPT,
@@ -175,7 +176,7 @@ def _list_table(
 
 def show_cmd(
     ctx: typer.Context,
-    queue: str = typer.Argument(..., help="Parking queue."),
+    queue: str = typer.Argument(..., help="Parking queue.", autocompletion=complete_queue),
     message_id: str = typer.Argument(..., help="message_id of the parked message."),
     redact: list[str] = REDACT_OPT,
     topology: Path | None = TOPOLOGY_OPT,
