@@ -1,9 +1,11 @@
 """What `rmqkit status` reads besides the management snapshot, where the snapshot lacks it.
 
-- Ready counts: the management API's stats lag (by its stats interval, 5 s by default), and a
+- Ready counts: the management API's stats lag (by its stats interval, 5 s by default): a
   queue that just got its first messages has no ``messages_ready`` yet (``-`` in the table
-  right after a publish). ``with_amqp_counts`` asks the broker itself, by passive declare:
-  immediate, and it touches no message.
+  right after a publish; 3.10) or still shows 0 (4.x quorum queues). ``with_amqp_counts`` asks
+  the broker itself for those, by passive declare: immediate, and it touches no message. A
+  non-zero count that lags stays as the API gives it (it does not say "empty" wrongly), and
+  at most ``MAX_DECLARED`` queues are asked per reading (a vhost of thousands of empty queues).
 - Parking ages: ``with_parking_ages`` browses each non-empty parking queue (`--parking-age`).
 """
 
@@ -18,6 +20,8 @@ from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.ops import parking_stats
 from rmqkit.settings import Settings
 
+MAX_DECLARED = 200  # passive declares per reading, at most
+
 
 def with_rows(report: StatusReport, rows: list[QueueStatus]) -> StatusReport:
     """``report`` with its rows replaced (same names, same order), groups included."""
@@ -27,16 +31,16 @@ def with_rows(report: StatusReport, rows: list[QueueStatus]) -> StatusReport:
 
 
 async def with_amqp_counts(settings: Settings, report: StatusReport) -> StatusReport:
-    """Fill the ready counts (and consumers) the management API has none of yet from a
-    passive declare of each such queue. No such queue: no connection. AMQP unreachable: the
+    """Fill the ready counts (and consumers) the management API has none of yet, or shows as
+    0, from a passive declare of each such queue. No such queue: no connection. AMQP unreachable: the
     rows stay as they are (the report's broker warning says why)."""
-    missing = {r.name for r in report.queues if r.exists and r.ready is None}
+    missing = sorted(r.name for r in report.queues if r.exists and not r.ready)[:MAX_DECLARED]
     if not missing:
         return report
     found: dict[str, tuple[int, int]] = {}
     try:
         async with session(settings, name="rmqkit status") as probes:
-            for name in sorted(missing):
+            for name in missing:
                 try:
                     depth = await probes.queue_depth(name)
                 except DataError:  # deleted since the snapshot
