@@ -349,7 +349,8 @@ async def read_status(
             report = replace(report, broker_warning=f"{problem} — {identity.fix()}")
     from rmqkit.health.fill import with_amqp_counts, with_parking_ages  # they build on this
 
-    if settings is not None:
+    if settings is not None and report.broker_warning is None:
+        # not when AMQP is unreachable or reaches another cluster (its counts are not these)
         report = await with_amqp_counts(settings, report)
     if parking_age and settings is not None:
         report = await with_parking_ages(settings, report)
