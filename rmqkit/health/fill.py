@@ -32,8 +32,8 @@ def with_rows(report: StatusReport, rows: list[QueueStatus]) -> StatusReport:
 
 async def with_amqp_counts(settings: Settings, report: StatusReport) -> StatusReport:
     """Fill the ready counts (and consumers) the management API has none of yet, or shows as
-    0, from a passive declare of each such queue. No such queue: no connection. AMQP unreachable: the
-    rows stay as they are (the report's broker warning says why)."""
+    0, from a passive declare of each such queue. No such queue: no connection. AMQP
+    unreachable: the rows stay as they are (the report's broker warning says why)."""
     missing = sorted(r.name for r in report.queues if r.exists and not r.ready)[:MAX_DECLARED]
     if not missing:
         return report
