@@ -16,14 +16,18 @@ from rmqkit.settings import Settings, load_settings
 
 T = TypeVar("T")
 
+# The global options that are settings (``--url`` is ``url``), as ``config`` names their source.
+SETTINGS_FLAGS = {"url": "--url", "management_url": "--management-url"}
+
 
 def settings_from(ctx: typer.Context) -> Settings:
     """Settings with the global flags applied over environment, .env and defaults; ``--vhost``
     (given before or after the command) points every URL at that vhost."""
-    overrides: dict[str, Any] = dict(ctx.find_root().obj or {})
-    vhost = overrides.pop("vhost", None)
-    overrides.pop("non_interactive", None)
-    settings = load_settings(flags=True, **overrides)  # a bad --url is a usage error (64)
+    given: dict[str, Any] = dict(ctx.find_root().obj or {})
+    vhost = given.get("vhost")
+    # Only the settings flags: the root's obj also carries --non-interactive, and click's help
+    # formatter files its markup mode there. A bad --url is a usage error (64).
+    settings = load_settings(flags=True, **{k: given.get(k) for k in SETTINGS_FLAGS})
     return settings if vhost is None else settings.for_vhost(vhost)
 
 

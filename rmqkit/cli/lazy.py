@@ -12,14 +12,61 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import importlib
 import importlib.util
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
+
+
+def plain_help(command: Any) -> Any:
+    """Make ``command``'s help (and its subcommands', if a group) render as written.
+
+    typer's rich help parses every help text as rich markup, so ``[encrypted kid=…]`` vanished
+    from `parking show --help`; it keeps a docstring's source line breaks after the first
+    paragraph (help wrapped mid-sentence); and its option table gives a plain flag a value
+    type (``--json <bool>``). Here each help text becomes its paragraphs on one line each, markup
+    escaped, and a flag shows no value. Applied once to every command of a ``LazyGroup`` (the
+    root included), so a new command cannot miss it (tests/unit/test_help_text.py).
+    """
+    if getattr(command, "_plain_help", False):  # escaping twice would show the backslashes
+        return command
+    command._plain_help = True
+    for attr in ("help", "short_help", "epilog"):
+        text = getattr(command, attr, None)
+        if text:
+            setattr(command, attr, plain_text(text))
+    for param in getattr(command, "params", ()):
+        if getattr(param, "help", None):
+            param.help = plain_text(param.help)
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            param.metavar = ""  # rich help shows a metavar as given: none at all
+    helper = getattr(command, "get_help_option", None)
+    if helper is not None:  # --help itself is a flag click adds when the help is shown
+        command.get_help_option = functools.partial(_flag_help_option, helper)
+    for sub in (getattr(command, "commands", None) or {}).values():
+        plain_help(sub)
+    return command
+
+
+def _flag_help_option(helper: Callable[[Any], Any], ctx: Any) -> Any:
+    option = helper(ctx)
+    if option is not None:
+        option.metavar = ""
+    return option
+
+
+def plain_text(text: str) -> str:
+    """``text`` as rich help should render it: paragraphs kept, each on one line (the terminal
+    wraps it), rich markup escaped (brackets are text)."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return escape("\n\n".join(" ".join(p.split()) for p in paragraphs))
 
 
 def first_paragraph(text: str) -> str:
@@ -87,6 +134,7 @@ class LazyGroup(TyperGroup):
         super().__init__(**attrs)
         self._listing = False
         self._loaded: dict[str, Any] = {}
+        plain_help(self)  # its own help and options; each command's as it is loaded
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), *(c.name for c in self.LAZY)]
@@ -99,9 +147,10 @@ class LazyGroup(TyperGroup):
         if lazy is None:
             return None
         if self._listing:  # the command list only needs its name and help
-            return typer.core.TyperCommand(name=cmd_name, help=lazy.summary())
+            return plain_help(typer.core.TyperCommand(name=cmd_name, help=lazy.summary()))
         command = lazy.load()
         _share(command, self.shared_params)
+        plain_help(command)
         self._loaded[cmd_name] = command
         return command
 
@@ -153,4 +202,4 @@ def _share(command: Any, make: Callable[[], list[Any]]) -> None:
     command.params.extend(p for p in make() if not taken & set(p.opts))
 
 
-__all__ = ["LazyCommand", "LazyGroup", "first_paragraph"]
+__all__ = ["LazyCommand", "LazyGroup", "first_paragraph", "plain_help", "plain_text"]

@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from rmqkit._version import __version__
 from rmqkit.cli.clickcompat import ClickException, ClickUsageError, NoArgsIsHelpError
+from rmqkit.cli.completion import complete_vhost
 from rmqkit.cli.lazy import LazyCommand, LazyGroup
 from rmqkit.errors import ExitCode, RmqkitError
 
@@ -69,6 +70,7 @@ def _repeated(
         callback=keep_global("vhost"),
         expose_value=False,
         show_default=False,
+        autocompletion=complete_vhost,
     ),
     non_interactive: bool = typer.Option(
         False,
@@ -139,7 +141,9 @@ def root(
     management_url: str | None = typer.Option(
         None, "--management-url", help="Management API URL. Overrides RMQKIT_MANAGEMENT_URL."
     ),
-    vhost: str | None = typer.Option(None, "--vhost", help=VHOST_HELP, show_default=False),
+    vhost: str | None = typer.Option(
+        None, "--vhost", help=VHOST_HELP, show_default=False, autocompletion=complete_vhost
+    ),
     non_interactive: bool = typer.Option(
         False,
         "--non-interactive",

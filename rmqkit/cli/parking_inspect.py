@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from rmqkit.broker.codec import PROPERTIES
 from rmqkit.cli.common import run_async, seconds_option, settings_from
+from rmqkit.cli.completion import complete_queue
 from rmqkit.cli.keyring_settings import require_keyring
 from rmqkit.cli.parking_options import (
     DECRYPT_OPT,
@@ -31,7 +33,7 @@ from rmqkit.durations import age_text
 from rmqkit.errors import DataError
 from rmqkit.fileout import OutputError
 from rmqkit.parking.delivered import DeliveryLimits, delivered, delivery_limits, needs_limits
-from rmqkit.parking.model import ParkedMessage, json_safe, redact_body
+from rmqkit.parking.model import ParkedMessage, body_preview, json_safe, redact_body
 from rmqkit.parking.ops import find_parked, list_parked
 from rmqkit.parking.thresholds import ParkingCheck, StatsLimits, check_parking
 
@@ -58,7 +60,11 @@ def list_cmd(
         nonlocal emitted
         emitted += 1
         if as_json:
-            _write(json.dumps(_summary(message, keys, limits), default=str) + "\n")
+            summary = {
+                **_summary(message, keys, limits),
+                "body_preview": body_preview(message.body, keys),
+            }
+            _write(json.dumps(summary, default=str) + "\n")
         else:
             rows.append(message)
 
@@ -110,7 +116,10 @@ def _write(text: str | None) -> None:
 def _print_lines(
     rows: list[ParkedMessage], now: datetime, keys: frozenset[str], limits: DeliveryLimits
 ) -> None:
-    print("message_id\treason\terror_type\terror_message\tattempts\tdelivered\torigin\tage\tsize")
+    print(
+        "message_id\treason\terror_type\terror_message\tattempts\tdelivered\torigin\tage\tsize"
+        "\tbody"
+    )
     for m in rows:
         text = (m.redacted_error(keys) or "").replace("\t", " ").replace("\n", " ")
         fields = (
@@ -123,6 +132,7 @@ def _print_lines(
             m.origin_queue or "-",
             age_text(m.age_s(now)),
             str(m.size),
+            body_preview(m.body, keys),
         )
         print("\t".join(fields))
 
@@ -135,7 +145,17 @@ def _list_table(
     limits: DeliveryLimits,
 ) -> Table:
     table = Table(title=title, title_justify="left")
-    columns = ("message_id", "reason", "error", "attempts", "delivered", "origin", "age", "size")
+    columns = (
+        "message_id",
+        "reason",
+        "error",
+        "attempts",
+        "delivered",
+        "origin",
+        "age",
+        "size",
+        "body",
+    )
     for column in columns:
         table.add_column(column, overflow="fold")
     for m in rows:
@@ -149,18 +169,19 @@ def _list_table(
             m.origin_queue or "-",
             age_text(m.age_s(now)),
             str(m.size),
+            escape(body_preview(m.body, keys, width=40)),  # brackets are text, not markup
         )
     return table
 
 
 def show_cmd(
     ctx: typer.Context,
-    queue: str = typer.Argument(..., help="Parking queue."),
+    queue: str = typer.Argument(..., help="Parking queue.", autocompletion=complete_queue),
     message_id: str = typer.Argument(..., help="message_id of the parked message."),
     redact: list[str] = REDACT_OPT,
     topology: Path | None = TOPOLOGY_OPT,
     decrypt: bool = DECRYPT_OPT,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document (indented)."),
 ) -> None:
     """Print one parked message whole: properties, headers, body (non-destructive). Encrypted
     fields show as [encrypted kid=…] unless --decrypt (needs the key ring). With --topology,
@@ -203,7 +224,7 @@ def stats_cmd(
     max_age: str | None = typer.Option(
         None, "--max-age", help="Check: critical (2) if the oldest is older, warning (1) at 80%."
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON document (indented)."),
 ) -> None:
     """Counts by reason, error type and origin; oldest age. With --max-count/--max-age it is a
     monitoring check: exit 0 ok, 1 warning, 2 critical (Nagios plugin convention). Messages
@@ -217,21 +238,52 @@ def stats_cmd(
     if as_json:
         document = {**check.stats.as_dict(), "status": verdict.status, "why": list(verdict.why)}
         print(json.dumps(document, indent=2))
+    elif not stdout.is_terminal:  # piped: tab-separated lines, as `parking list` prints
+        _print_stats_lines(check)
     else:
         _print_stats(check)
     raise typer.Exit(verdict.status)
 
 
-def _print_stats(check: ParkingCheck) -> None:
-    result = check.stats
+def _verdict_line(check: ParkingCheck) -> None:
     if check.limits.given:
         # A monitoring check: Nagios reads the FIRST line of a plugin's output as its status
-        # (the rest is long text), so the verdict comes before the counts (issue 14).
+        # (the rest is long text), so the verdict comes before the counts.
         why = check.verdict.why
         print(
             f"PARKING {check.verdict.label}: " + ("; ".join(why) if why else "within limits"),
             flush=True,
         )
+
+
+def _print_stats_lines(check: ParkingCheck) -> None:
+    """``by key count`` lines: the queue's totals first, then each count by reason, error
+    type and origin (``awk -F'\t' '$1 == "reason"'`` picks one breakdown)."""
+    result = check.stats
+    _verdict_line(check)
+    oldest = "-" if result.oldest_age_s is None else f"{result.oldest_age_s:.0f}"
+    lines = [
+        ("matched", result.queue, str(result.matched)),
+        ("total", result.queue, str(result.total)),
+        ("bytes", result.queue, str(result.bytes)),
+        ("oldest_age_s", result.queue, oldest),
+    ]
+    if result.other_consumers:
+        lines.append(("held_by_others", result.queue, str(result.held_by_others)))
+    for by, counts in (
+        ("reason", result.by_reason),
+        ("error_type", result.by_error_type),
+        ("origin", result.by_origin),
+    ):
+        lines += [(by, key, str(count)) for key, count in counts.most_common()]
+    print("by\tkey\tcount")
+    for line in lines:
+        print("\t".join(" ".join(cell.split()) for cell in line))
+
+
+def _print_stats(check: ParkingCheck) -> None:
+    result = check.stats
+    _verdict_line(check)
     held = (
         f"; {result.held_by_others} more held unacked by {result.other_consumers} other "
         "consumer(s), not inspected"

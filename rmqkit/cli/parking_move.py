@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from rmqkit.cli.common import confirm, run_async, settings_from
+from rmqkit.cli.completion import complete_queue
 from rmqkit.cli.keyring_settings import require_keyring
 from rmqkit.cli.parking_options import (
     Selection,
@@ -256,7 +257,9 @@ def export_cmd(
 def import_cmd(
     ctx: typer.Context,
     file: Path = typer.Argument(..., help="NDJSON written by `rmqkit parking export`."),
-    queue: str = typer.Argument(..., help="Queue to publish into (default exchange)."),
+    queue: str = typer.Argument(
+        ..., help="Queue to publish into (default exchange).", autocompletion=complete_queue
+    ),
     resume: bool = typer.Option(
         False, "--resume", help="Skip the records an earlier import confirmed (its journal)."
     ),

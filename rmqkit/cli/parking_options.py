@@ -18,6 +18,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rmqkit.cli.common import seconds_option, settings_from
+from rmqkit.cli.completion import complete_queue, complete_reason
 from rmqkit.cli.keyring_settings import require_keyring
 from rmqkit.cli.render import stderr
 from rmqkit.crypto import KeyRing, Matcher
@@ -26,14 +27,29 @@ from rmqkit.parking.browse import BrowseStats
 from rmqkit.parking.model import KNOWN_REASONS, ParkedFilter
 from rmqkit.topology import load_topology
 
-QUEUE_ARG = typer.Argument(None, help="Parking queue (or use --topology FILE --queue WORK).")
+QUEUE_ARG = typer.Argument(
+    None,
+    help="Parking queue (or use --topology FILE --queue WORK).",
+    autocompletion=complete_queue,
+)
 TOPOLOGY_OPT = typer.Option(None, "--topology", "-t", help="Topology file naming the queue.")
-WORK_OPT = typer.Option(None, "--queue", "-q", help="Work queue whose parking queue to use.")
+WORK_OPT = typer.Option(
+    None,
+    "--queue",
+    "-q",
+    help="Work queue whose parking queue to use.",
+    autocompletion=complete_queue,
+)
 REASON_OPT = typer.Option(
-    [], "--reason", help="permanent, exhausted, undecodable, delivery_limit, … (repeatable)"
+    [],
+    "--reason",
+    help="permanent, exhausted, undecodable, delivery_limit, … (repeatable)",
+    autocompletion=complete_reason,
 )
 ERROR_OPT = typer.Option(None, "--error-type", help="Error type glob, e.g. 'myapp.*Error'.")
-ORIGIN_OPT = typer.Option(None, "--origin", help="Origin (work) queue.")
+ORIGIN_OPT = typer.Option(
+    None, "--origin", help="Origin (work) queue.", autocompletion=complete_queue
+)
 OLDER_OPT = typer.Option(None, "--older-than", help="Last failure older than, e.g. 1h.")
 NEWER_OPT = typer.Option(None, "--newer-than", help="Last failure newer than, e.g. 10m.")
 HEADER_OPT = typer.Option([], "--header", help="Header equals value: K=V (repeatable).")

@@ -18,9 +18,22 @@ from rmqkit.cli.common import run_async, seconds, settings_from, topology_option
 from rmqkit.cli.render import print_json, stderr, stdout
 from rmqkit.durations import age_text
 from rmqkit.errors import Interrupted
-from rmqkit.health.status import QueueStatus, StatusReport, read_status, read_status_once
+from rmqkit.health.status import (
+    AGED_ROLES,
+    QueueStatus,
+    StatusReport,
+    read_status,
+    read_status_once,
+)
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology, load_topology
+
+# Below the table when a row's oldest is "n/a": why, honestly, and what does give it.
+OLDEST_NA = (
+    "oldest n/a: the broker keeps no head-message timestamp for that queue (quorum queues never "
+    "do; classic ones only for messages published with a timestamp), and reading the head "
+    "message instead would spend a delivery attempt; --parking-age browses parking queues for it"
+)
 
 _TOPOLOGY_HELP = (
     "Show the topology's work, wait and parking queues, grouped per work queue "
@@ -303,9 +316,19 @@ def _cells(row: _Row, *, blank: str, short: bool = False) -> tuple[str, ...]:
         _num(row.held),
         _rate(row.publish_rate),
         _rate(row.deliver_rate),
-        age_text(row.oldest_age_s) if row.role == "parking" else blank,
+        oldest_text(row, blank),
         note or blank,
     )
+
+
+def oldest_text(row: _Row, blank: str) -> str:
+    """A row's oldest age; ``n/a`` where the queue holds messages and the broker keeps no age
+    for them (see OLDEST_NA); ``blank`` for an empty queue and for wait and delay rows."""
+    if row.oldest_age_s is not None:
+        return age_text(row.oldest_age_s)
+    if row.role in AGED_ROLES and (row.messages or row.ready):
+        return "n/a"
+    return blank
 
 
 def status_table(report: StatusReport, every_s: float | None = None) -> RenderableType:
@@ -344,8 +367,14 @@ def status_table(report: StatusReport, every_s: float | None = None) -> Renderab
             table.add_section()
         for row in section:
             table.add_row(*_cells(row, blank="", short=True))
+    captions = []
     if not report.rates_kept:
-        table.caption = "the broker keeps no message rates: in/s and out/s are unknown"
+        captions.append("the broker keeps no message rates: in/s and out/s are unknown")
+    if any(oldest_text(row, "") == "n/a" for section in display_rows(report) for row in section):
+        captions.append(OLDEST_NA)
+    if captions:
+        table.caption = "\n".join(captions)
+        table.caption_justify = "left"
     quorum = quorum_table(report)
     return table if quorum is None else Group(table, quorum)
 

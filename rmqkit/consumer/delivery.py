@@ -102,7 +102,8 @@ def warn_redelivered(message_id: str | None, attempt: int, delivered: int) -> No
     broker's delivery count rises until its delivery limit parks the message."""
     log.warning(
         "redelivered (delivery %d): an earlier delivery of this message did not finish "
-        "(a worker crash or kill, a lost connection, a stop past the grace); the queue's "
+        "(a worker crash or kill, a lost connection, a stop past the grace, or a peek with "
+        "the management UI's Get messages, which spends a delivery too); the queue's "
         "delivery limit parks it if this repeats",
         delivered,
         extra={"message_id": message_id, "attempt": attempt, "delivered": delivered},

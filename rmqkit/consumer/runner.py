@@ -2,7 +2,7 @@
 
 ``QueueConsumer`` owns the connection side: it opens the connection (failing over across the
 URLs with backoff), checks the work, wait and parking queues exist, sets the prefetch (1 while
-cautious after a crash), registers the consumer, acks the finished prefix of tags with
+cautious: crash, reconnect), registers the consumer, acks the finished prefix of tags with
 ``multiple=True`` every few milliseconds (the flusher), and on stop cancels the consumer, lets
 in-flight handlers finish within the grace and acks what finished. What happens to each delivery
 (handler, outcome, retry/park copy) is rmqkit.consumer.dispatch's ``Dispatcher``, which
@@ -93,6 +93,8 @@ class QueueConsumer:
         # After a crash: prefetch 1 until CAUTIOUS_SETTLED messages have been settled, so a
         # message that kills the process spends only its own delivery attempts.
         self._cautious = cautious
+        # Why, as the consume log line says it: only what is known (a broker restart is no crash)
+        self._cautious_why = "after a worker crash, restarted by the supervisor"
         self._cautious_until = CAUTIOUS_SETTLED
         self._cautious_since = monotonic()
         self._consumer_tag = ""
@@ -133,6 +135,7 @@ class QueueConsumer:
 
     def _enter_cautious(self) -> None:
         self._cautious = True
+        self._cautious_why = "after a lost connection: messages unacked on it come back redelivered"
         self._cautious_until = self.dispatcher.processed + CAUTIOUS_SETTLED
         self._cautious_since = monotonic()
 
@@ -228,7 +231,7 @@ class QueueConsumer:
             "consuming %s on %s (prefetch %s; hooks: %s)",
             self.config.queue,
             conn.display_url,
-            "1, cautious after a crash" if self._cautious else self.dispatcher.prefetch,
+            f"1, cautious {self._cautious_why}" if self._cautious else self.dispatcher.prefetch,
             "none" if self.dispatcher.hooks is None else self.dispatcher.hooks.hooks.describe(),
         )
         stop_wait = asyncio.ensure_future(self.dispatcher._stop.wait())

@@ -16,10 +16,11 @@ from typing import Any, Literal
 from rmqkit.broker.identity import BrokerIdentity, broker_identity
 from rmqkit.broker.management import management
 from rmqkit.broker.session import session
-from rmqkit.broker.snapshot import Snapshot, read_snapshot
+from rmqkit.broker.snapshot import Snapshot, count, read_snapshot
 from rmqkit.consumer.config import DEFAULT_HANDLER_TIMEOUT_S
 from rmqkit.errors import DataError
 from rmqkit.health.checks import CHECKS, DEDUPE_CHECK
+from rmqkit.health.checks.traffic import transient_candidates
 from rmqkit.health.dedupe import read_dedupe_window
 from rmqkit.health.findings import (
     SEVERITY_RANK,
@@ -38,6 +39,9 @@ from rmqkit.topology.plan import LiveState, Plan, compute_plan
 
 CheckStatus = Literal["ok", "warning", "critical", "skipped"]
 MAX_SAMPLED_QUEUES = 500  # keep doctor fast on a vhost with thousands of idle queues
+# transient-messages is confirmed by a second read this much later: longer than the management
+# stats interval (collect_statistics_interval, 5 s by default), so it is a fresh sample.
+TRANSIENT_RECHECK_S = 6.0
 
 
 def worst_severity(findings: list[Finding]) -> Severity:
@@ -195,6 +199,29 @@ async def sample_ready(
     return {name: (before[name], after[name]) for name in before if name in after}
 
 
+async def _nothing() -> dict[str, tuple[int, int]]:
+    return {}
+
+
+async def reread_transient(
+    settings: Settings, snapshot: Snapshot, roles: dict[str, tuple[Role, str]], interval_s: float
+) -> dict[str, tuple[int | None, int | None]]:
+    """The transient-messages candidates' (messages, messages_persistent), read again
+    ``interval_s`` later (management API): the counters lag while messages arrive, so one read
+    can show persistent messages as transient. No candidate: no wait."""
+    names = [q.name for q in transient_candidates(DoctorInput(snapshot, roles))]
+    if not names:
+        return {}
+    await asyncio.sleep(interval_s)
+    out: dict[str, tuple[int | None, int | None]] = {}
+    async with management(settings) as api:
+        for name in names:
+            found = await api.queue(name)
+            if found is not None:
+                out[name] = (count(found.get("messages")), count(found.get("messages_persistent")))
+    return out
+
+
 def topology_handler_timeouts(topology: Topology) -> dict[str, tuple[float, str]]:
     """Each work queue's handler_timeout from the file (seconds, source), queues without one
     left out. Lane and partition queues carry their parent's; a partitioned parent is no
@@ -216,13 +243,15 @@ async def run_doctor(
     sample_interval_s: float = 1.0,
     dedupe_dsn: str | None = None,
     replay_horizon_s: float | None = None,
+    transient_recheck_s: float = TRANSIENT_RECHECK_S,
 ) -> DoctorReport:
     """Check the vhost the settings point at.
 
     ``handler_timeout_s`` is the consumers' handler timeout (default: each work queue's
     ``handler_timeout`` in the topology file, else the consumer's default). A
     ``sample_interval_s`` of 0 skips the second read of idle queues (growth is then judged
-    from management rates alone).
+    from management rates alone). ``transient_recheck_s`` is how long after the first read
+    the transient-messages candidates are read again (the finding must hold on both).
 
     With ``dedupe_dsn`` (an idempotent-consumer store) the ``dedupe-window-short`` check runs
     too: the store's window against the longest retry path plus ``replay_horizon_s``, the
@@ -238,11 +267,13 @@ async def run_doctor(
     handler_timeouts: dict[str, tuple[float, str]] = {}
     if handler_timeout_s is None and topology is not None:
         handler_timeouts = topology_handler_timeouts(topology)
-    samples: dict[str, tuple[int, int]] = {}
-    if sample_interval_s > 0 and identity.amqp_error is None:
-        samples = await sample_ready(
-            settings, idle_growth_candidates(snapshot, roles), sample_interval_s
-        )
+    sampling = sample_interval_s > 0 and identity.amqp_error is None
+    samples, reread = await asyncio.gather(
+        sample_ready(settings, idle_growth_candidates(snapshot, roles), sample_interval_s)
+        if sampling
+        else _nothing(),
+        reread_transient(settings, snapshot, roles, transient_recheck_s),
+    )
     plan = topology_plan(snapshot, topology, via) if topology is not None else None
     dedupe = None
     if dedupe_dsn is not None:
@@ -261,6 +292,7 @@ async def run_doctor(
         sample_interval_s=sample_interval_s,
         plan=plan,
         dedupe=dedupe,
+        transient_reread=reread,
     )
     checks = CHECKS if dedupe is None else (*CHECKS, DEDUPE_CHECK)
     return DoctorReport(

@@ -70,6 +70,9 @@ class DoctorInput:
     sample_interval_s: float = 0.0
     plan: Plan | None = None
     dedupe: DedupeWindow | None = None
+    # transient-messages: the candidates' (messages, messages_persistent) read again a stats
+    # interval later; None: not read again (the first read alone decides)
+    transient_reread: dict[str, tuple[int | None, int | None]] | None = None
 
     def role(self, name: str) -> Role:
         """The role of queue ``name`` ("other" if unknown)."""

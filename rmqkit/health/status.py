@@ -1,10 +1,13 @@
 """`rmqkit status`: depth, consumers and rates per queue, grouped per work queue.
 
-Everything comes from the management API in one read. The age of the oldest parked message
-is not something the management API knows (``head_message_timestamp`` exists only for classic
-queues whose messages carry a timestamp), so the true age is opt-in: ``parking_age=True``
-browses each non-empty parking queue (``rmqkit.parking.ops.parking_stats``), which reads every
-message in it and returns them all, in order.
+Everything comes from the management API in one read, but for what it lacks
+(rmqkit.health.fill): a ready count its stats do not have yet is read by passive declare. The
+oldest message's age is the queue's ``head_message_timestamp`` where the broker keeps one
+(classic queues whose messages carry a timestamp; never quorum queues); it is never read by
+taking the head message, which would spend a delivery attempt. For parking queues the true
+age is opt-in: ``parking_age=True`` browses each non-empty one
+(``rmqkit.parking.ops.parking_stats``), which reads every message and returns them all, in
+order (a parking queue has no delivery limit).
 """
 
 from __future__ import annotations
@@ -16,19 +19,17 @@ from typing import Any
 from rmqkit.broker.identity import broker_identity
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.snapshot import QueueView, Snapshot, number, read_snapshot
-from rmqkit.errors import RmqkitError
 from rmqkit.health.alarms import NodeAlarm, node_alarms
 from rmqkit.health.backlog import HeldBacklog, held_backlog, held_count
 from rmqkit.health.delayed import DelayedView, find_ladders, ladder_target, rung_names
 from rmqkit.health.quorum import QuorumState, quorum_state
 from rmqkit.health.roles import Role, classify, flow_parent
 from rmqkit.names import tier_of
-from rmqkit.parking.model import ParkedFilter
-from rmqkit.parking.ops import parking_stats
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology
 from rmqkit.topology.expand import expand
 
+AGED_ROLES: tuple[Role, ...] = ("work", "parking", "other")  # rows with an oldest column
 _ROLE_ORDER = {"work": 0, "wait": 1, "parking": 2, "delay": 3, "other": 4}
 
 
@@ -50,6 +51,7 @@ class QueueStatus:
     ack_rate: float | None = None
     oldest_age_s: float | None = None
     oldest_age_from: str | None = None  # "head timestamp" | "browse"
+    ready_from: str = "management"  # or "passive declare": the management API had none yet
     note: str = ""
     delay_ms: int | None = None  # wait queues: the TTL in effect
     quorum: QuorumState | None = None  # quorum queues: leader and members, when the broker says
@@ -84,6 +86,7 @@ class QueueStatus:
             "ack_rate": self.ack_rate,
             "oldest_age_s": self.oldest_age_s,
             "oldest_age_from": self.oldest_age_from,
+            "ready_from": self.ready_from,
             "delay_ms": self.delay_ms,
             "dead_letter_held": self.dead_letter_held,
             "dead_letter_held_for": list(self.held_for),
@@ -208,7 +211,10 @@ def queue_status(
 ) -> QueueStatus:
     """The status row of one live queue; ``backlog``: the dead letters it holds, if any
     (``rmqkit.health.backlog.held_backlog``), said in its note."""
-    age = _head_age_s(queue, now) if role == "parking" else None
+    # The head message's timestamp, where the broker keeps one (classic queues, for messages
+    # published with a timestamp). Never read by taking the head message: a get with requeue
+    # spends a delivery attempt of a quorum queue's message.
+    age = _head_age_s(queue, now) if role in AGED_ROLES else None
     ttl = queue.settings.get("message-ttl")
     return QueueStatus(
         name=queue.name,
@@ -317,23 +323,6 @@ def _parent(topology: Topology, owner: str) -> str:
     return topology.parent_of(owner) or owner
 
 
-async def _with_parking_ages(settings: Settings, report: StatusReport) -> StatusReport:
-    rows: list[QueueStatus] = []
-    for row in report.queues:
-        if row.role != "parking" or not row.exists or not row.messages:
-            rows.append(row)
-            continue
-        try:
-            stats = await parking_stats(settings, row.name, ParkedFilter())
-        except RmqkitError as exc:  # e.g. a delivery limit makes browsing unsafe: say so
-            rows.append(replace(row, note=f"age not read: {exc}"))
-            continue
-        rows.append(replace(row, oldest_age_s=stats.oldest_age_s, oldest_age_from="browse"))
-    by_name = {r.name: r for r in rows}
-    groups = [GroupStatus(g.work, [by_name[q.name] for q in g.queues]) for g in report.groups]
-    return replace(report, queues=rows, groups=groups)
-
-
 async def read_status(
     api: ManagementClient,
     *,
@@ -346,7 +335,9 @@ async def read_status(
 
     ``parking_age`` needs ``settings`` (it browses over AMQP). ``check_broker`` (with
     ``settings``): also connect over AMQP and set ``broker_warning`` when that fails or
-    reaches another cluster than the management API (the numbers would be another broker's)."""
+    reaches another cluster than the management API (the numbers would be another broker's).
+    With ``settings``, a ready count the management API does not have yet (its stats lag a
+    new queue's first messages) is read by passive declare (``with_amqp_counts``)."""
     report = build_status(await read_snapshot(api), topology)
     if check_broker and settings is not None:
         identity = await broker_identity(settings, await api.overview())
@@ -357,8 +348,13 @@ async def read_status(
         )
         if problem is not None:
             report = replace(report, broker_warning=f"{problem} — {identity.fix()}")
+    from rmqkit.health.fill import with_amqp_counts, with_parking_ages  # they build on this
+
+    if settings is not None and report.broker_warning is None:
+        # not when AMQP is unreachable or reaches another cluster (its counts are not these)
+        report = await with_amqp_counts(settings, report)
     if parking_age and settings is not None:
-        report = await _with_parking_ages(settings, report)
+        report = await with_parking_ages(settings, report)
     return report
 
 
@@ -373,6 +369,7 @@ async def read_status_once(
 
 
 __all__ = [
+    "AGED_ROLES",
     "GroupStatus",
     "QueueStatus",
     "StatusReport",

@@ -8,7 +8,7 @@ a message returned singly comes straight back and the loop would see it again.
 
 Returning a message to a quorum queue counts as a delivery attempt, so a parking queue with a
 delivery limit would drop or dead-letter messages as they are browsed: ``check_browsable``
-refuses such a queue before anything is read.
+(rmqkit/parking/guards.py) refuses such a queue before anything is read.
 
 Completeness: a pass ends when it has seen as many messages as the queue held ready at the
 start. A pause in deliveries is not taken for the end: after ``IDLE_CHECK_S`` without one the
@@ -37,12 +37,8 @@ from enum import Enum
 from typing import Any
 
 from rmqkit import headers as h
-from rmqkit.broker.management import ManagementClient
-from rmqkit.broker.policies import DEFAULT_SOURCE_4X, Effective, resolve_queue
 from rmqkit.broker.session import Channel, Delivery, Session
-from rmqkit.errors import BrokerError, BrokerUnavailable, DataError
-from rmqkit.names import is_parking_name
-from rmqkit.parking.hints import limit_fix
+from rmqkit.errors import BrokerError
 from rmqkit.parking.model import ParkedMessage
 
 MAX_WINDOW = 60_000  # prefetch_count is 16-bit; larger queues are browsed in several passes
@@ -87,88 +83,6 @@ class BrowseStats:
     def missed(self) -> int:
         """Messages counted at the start that the browse did not see (another consumer's)."""
         return 0 if self.stopped_early else max(0, self.queue_count - self.seen)
-
-
-async def check_browsable(
-    api: ManagementClient, queue: str, broker_version: tuple[int, int, int]
-) -> dict[str, Any]:
-    """Refuse (DataError, exit 65) a queue that browsing could damage; returns its API object."""
-    try:
-        found = await api.queue(queue)
-    except BrokerUnavailable as exc:
-        raise BrokerUnavailable(
-            f"{exc} (parking commands read the queue's delivery limit through the management API "
-            "before browsing, since browsing a queue that has one can drop messages)"
-        ) from None
-    if found is None:
-        raise DataError(f"parking queue {queue!r} does not exist in vhost {api.vhost!r}")
-    qtype = found.get("type", "classic")
-    if qtype == "stream":
-        raise DataError(f"{queue!r} is a stream: streams cannot be browsed with acks or replayed")
-    effective = await _resolved(api, found, broker_version)
-    # A work queue: browsing it would hold back (and, with a delivery limit, spend attempts
-    # of) messages its consumers are waiting for.
-    refuse_work_queue(queue, effective)
-    if qtype != "quorum":
-        return dict(found)
-    limit, source = _limit_of(effective)
-    if limit is not None:
-        raise DataError(
-            f"parking queue {queue!r} has a delivery limit of {limit} (from {source}): browsing "
-            "returns messages to the queue, each return counts as a delivery, and at the limit "
-            f"they are dropped or dead-lettered — fix: "
-            f"{limit_fix(queue, source, api.vhost, effective.policy, broker_version)}"
-        )
-    return dict(found)
-
-
-async def _resolved(
-    api: ManagementClient, found: dict[str, Any], broker_version: tuple[int, int, int]
-) -> Effective:
-    policies, operator_policies = await asyncio.gather(api.policies(), api.operator_policies())
-    return resolve_queue(found, policies, operator_policies, broker_version)
-
-
-def refuse_work_queue(queue: str, effective: Effective) -> None:
-    """DataError (65) if ``queue`` is a work queue: it dead-letters into its parking queue."""
-    parking = effective.settings.get("dead-letter-routing-key")
-    if isinstance(parking, str) and parking != queue and is_parking_name(parking):
-        raise DataError(
-            f"{queue!r} is a work queue (it dead-letters to {parking!r}), not a parking queue — "
-            f"did you mean {parking!r}?"
-        )
-
-
-async def check_import_target(
-    api: ManagementClient, queue: str, broker_version: tuple[int, int, int]
-) -> None:
-    """Refuse (DataError, 65) importing parked messages into a work queue: its consumers would
-    get the whole lane at once, unselected, park headers and all. A missing queue passes
-    (the import's own AMQP check names it)."""
-    found = await api.queue(queue)
-    if found is not None:
-        refuse_work_queue(queue, await _resolved(api, found, broker_version))
-
-
-def _delivery_limit(
-    queue: dict[str, Any],
-    policies: list[dict[str, Any]],
-    operator_policies: list[dict[str, Any]],
-    version: tuple[int, int, int],
-) -> tuple[int | None, str]:
-    """The delivery limit the broker enforces on ``queue`` (None: none) and where it comes
-    from, by the one resolver doctor and plan use (worked out from the policy lists, since the
-    management API's ``effective_policy_definition`` lags a policy change)."""
-    return _limit_of(resolve_queue(queue, policies, operator_policies, version))
-
-
-def _limit_of(found: Effective) -> tuple[int | None, str]:
-    source = found.delivery_limit_source
-    if source == "argument":
-        source = "its x-delivery-limit argument"
-    elif source == DEFAULT_SOURCE_4X:
-        source = "the 4.x default for quorum queues"
-    return found.delivery_limit, source
 
 
 async def browse(

@@ -12,6 +12,7 @@ import re
 import shlex
 
 from rmqkit.broker.policies import Policy
+from rmqkit.topology.desired import POLICY_PREFIX
 
 
 def limit_fix(
@@ -20,10 +21,16 @@ def limit_fix(
     vhost: str,
     policy: Policy | None,
     version: tuple[int, int, int],
+    *,
+    ours: Policy | None = None,
 ) -> str:
     """A fix that can be pasted: names the vhost, a regex that matches exactly ``queue``, and
     keeps what the policy in effect sets (only one policy applies to a queue, so a new one
-    of higher priority replaces it whole: rmqkit's own dead-letter wiring included)."""
+    of higher priority replaces it whole: rmqkit's own dead-letter wiring included).
+
+    ``ours`` is rmqkit's own policy for the queue, if one was declared. `rmqkit declare` is
+    offered only where it can be the fix: never while a user policy is in effect, since
+    declare refuses a queue whose policy outranks rmqkit's (a conflict, exit 65)."""
     if source.startswith("operator policy"):
         return (
             f"{source} sets it, and an operator policy's limit wins over a user policy's -1: "
@@ -42,11 +49,29 @@ def limit_fix(
     pattern = "^" + re.escape(queue) + "$"
     name = f"no-delivery-limit.{queue}"  # not rmqkit.*: `plan` would call it an orphan
     priority = (policy.priority if policy else 0) + 1
+    command = (
+        f"rabbitmqctl set_policy -p {shlex.quote(vhost or '/')} {shlex.quote(name)} "
+        f"{shlex.quote(pattern)} {shlex.quote(json.dumps(definition, sort_keys=True))} "
+        f"--apply-to queues --priority {priority}"
+    )
+    if policy is not None and not policy.name.startswith(POLICY_PREFIX):
+        if ours is not None:
+            why = (
+                f"policy {policy.name!r} (priority {policy.priority}) outranks rmqkit's "
+                f"{ours.name!r} (priority {ours.priority}), so `rmqkit declare` refuses this "
+                "queue (exit 65)"
+            )
+        else:
+            why = f"policy {policy.name!r} (priority {policy.priority}), not rmqkit's, is in effect"
+        return (
+            f"{why}: {command} (keeps what policy {policy.name!r} sets), or change policy "
+            f"{policy.name!r} itself to leave this queue out (its pattern) or set no "
+            "delivery-limit (rabbitmqctl set_policy, or the management UI's Admin > Policies)"
+        )
     return (
-        "`rmqkit declare` your topology file, or: rabbitmqctl set_policy "
-        f"-p {shlex.quote(vhost or '/')} {shlex.quote(name)} {shlex.quote(pattern)} "
-        f"{shlex.quote(json.dumps(definition, sort_keys=True))} --apply-to queues "
-        f"--priority {priority}" + (f" (keeps what policy {policy.name!r} sets)" if policy else "")
+        "`rmqkit declare` the topology file that declares it (rmqkit's parking policy sets no "
+        f"delivery limit), or: {command}"
+        + (f" (keeps what policy {policy.name!r} sets)" if policy else "")
     )
 
 

@@ -292,6 +292,25 @@ def redact_body(body: bytes, keys: frozenset[str], *, keyring: KeyRing | None = 
     return redact_value(data, keys)
 
 
+PREVIEW_CHARS = 60
+
+
+def body_preview(body: bytes, keys: frozenset[str], width: int = PREVIEW_CHARS) -> str:
+    """The start of the body, on one line, as `parking show` shows it: the same redaction
+    (``redact_body``: encrypted fields as ``[encrypted kid=…]``, the ``keys`` fields masked;
+    never decrypted), JSON compact, binary as its size. Cut at ``width`` characters with "…"
+    — after redaction, so a cut never exposes what was masked."""
+    shown = redact_body(body, keys)
+    if isinstance(shown, str):
+        text = shown
+    elif isinstance(shown, dict) and set(shown) == {"binary_hex", "size"}:
+        text = f"<{shown['size']} bytes binary>"
+    else:
+        text = json.dumps(shown, ensure_ascii=False, separators=(",", ":"), default=str)
+    text = " ".join(text.split())  # one line: no tab or newline reaches a TSV column
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def decrypted_body(body: bytes, keyring: KeyRing) -> bytes:
     """``body`` with every envelope opened (bad ones marked, ``strict=False``): what
     ``export --decrypt`` writes. A body without envelopes comes back as the same bytes."""

@@ -17,12 +17,8 @@ from rmqkit.broker.identity import BrokerIdentity
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session, open_session
 from rmqkit.errors import BrokerError, ConfigError
-from rmqkit.parking.browse import (
-    BrowseStats,
-    Verdict,
-    browse,
-    check_browsable,
-)
+from rmqkit.parking.browse import BrowseStats, Verdict, browse
+from rmqkit.parking.guards import check_browsable
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.parking.records import message_to_record
 from rmqkit.settings import Settings, mask_url

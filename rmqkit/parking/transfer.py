@@ -19,7 +19,8 @@ from rmqkit.crypto import KeyRing
 from rmqkit.errors import BrokerUnavailable, DataError, UsageError
 from rmqkit.fileout import OutputError, SafeOutput
 from rmqkit.names import is_parking_name, parking_queue
-from rmqkit.parking.browse import Verdict, browse, check_import_target
+from rmqkit.parking.browse import Verdict, browse
+from rmqkit.parking.guards import check_import_target
 from rmqkit.parking.journal import ImportJournal, record_digest
 from rmqkit.parking.model import ParkedFilter, ParkedMessage, decrypted_body
 from rmqkit.parking.ops import PUBLISH_WINDOW, Progress, parking_session, ready_count

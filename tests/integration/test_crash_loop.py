@@ -56,6 +56,13 @@ def test_a_message_whose_worker_is_killed_twice_is_parked_with_its_delivery_coun
 
     log = consumer.output()
     assert "redelivered (delivery 2)" in log and "redelivered (delivery 3)" in log, log
+    assert (
+        "redelivered (delivery 2): an earlier delivery of this message did not finish (a worker "
+        "crash or kill, a lost connection, a stop past the grace, or a peek with the management "
+        "UI's Get messages, which spends a delivery too); the queue's delivery limit parks it "
+        "if this repeats"
+    ) in log, log
+    assert "(prefetch 1, cautious after a worker crash, restarted by the supervisor; hooks" in log
     (parked_line,) = [line for line in log.splitlines() if "parked in" in line]
     assert f"message_id={mid} attempt=1 delivered=3 " in parked_line, parked_line
 
@@ -102,3 +109,33 @@ def test_a_crash_looping_message_parked_by_the_delivery_limit_shows_limit_plus_o
     show = broker.cli("parking", "show", PARKING, crash, vhost=jobs_vhost)
     assert json.loads(show.stdout)["delivered"] == LIMIT + 1, show.stdout + show.stderr
     assert broker.depths(jobs_vhost, [PARKING, "jobs.work"]) == {PARKING: 2, "jobs.work": 0}
+
+
+def test_a_lost_connection_is_no_crash_in_the_log(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """After the broker closes the consumer's connection (as a restart does) the consumer
+    comes back cautious, and says why by what it knows: a lost connection, not a crash."""
+    consumer = ConsumerProcess(jobs_vhost, tmp_path / "ledger.db")
+    consumers.append(consumer)
+    assert wait_until(lambda: "consuming jobs.work" in consumer.output(), timeout_s=30)
+
+    def connections() -> list[str]:
+        rows = broker.api("GET", f"/vhosts/{broker.q(jobs_vhost)}/connections").json()
+        return [str(r["name"]) for r in rows]
+
+    assert broker.wait_for(connections, timeout_s=15), "the management API lists no connection"
+    for name in connections():
+        broker.api("DELETE", f"/connections/{broker.q(name)}")
+    assert wait_until(lambda: consumer.output().count("consuming jobs.work") >= 2, timeout_s=30)
+    mid = uuid.uuid4().hex
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(mid, body(id=mid))])
+    assert wait_until(lambda: broker.depths(jobs_vhost, ["jobs.work"])["jobs.work"] == 0, 30)
+    assert consumer.stop() == 0, consumer.output()
+    log = consumer.output()
+    assert (
+        "(prefetch 1, cautious after a lost connection: messages unacked on it come back "
+        "redelivered; hooks"
+    ) in log, log
+    assert "crash" not in log, log
+    assert broker.depths(jobs_vhost, [PARKING]) == {PARKING: 0}

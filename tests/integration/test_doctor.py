@@ -157,7 +157,7 @@ def await_checks(
     last: list[set[str]] = []
 
     def probe() -> bool:
-        report = broker.run(run_doctor(settings, sample_interval_s=0))
+        report = broker.run(run_doctor(settings, sample_interval_s=0, transient_recheck_s=0.5))
         last.append(fired(report))
         found = {f.object for f in report.findings}
         return last[-1] == expected and (objects is None or found == objects)
@@ -283,7 +283,28 @@ def test_transient_messages_in_a_durable_queue(
     code, report = doctor(vhost)
     (finding,) = only_finding(report, "transient-messages")
     assert (code, finding["severity"], finding["object"]) == (1, "warning", "events")
-    assert finding["evidence"].startswith("3 of 4 message(s)")
+    assert finding["evidence"] == (
+        "3 of 4 message(s) in this durable classic queue are transient (delivery_mode 1) on two "
+        "reads of the counters: they are lost when the node restarts"
+    )
+
+
+def test_transient_messages_in_a_quorum_queue_are_no_finding(
+    fresh_vhost: Callable[[], str], doctor: Doctor
+) -> None:
+    """A quorum queue persists every message whatever its delivery_mode: doctor neither warns
+    nor tells it to "use a quorum queue"."""
+    vhost = fresh_vhost()
+    put_queue(vhost, "events.q", "quorum")
+    broker.run(_publish_raw(vhost, "", "events.q", 3, persistent=False, mandatory=True))
+    broker.run(_publish_raw(vhost, "", "events.q", 1, persistent=True, mandatory=True))
+    assert broker.wait_for(
+        lambda: (broker.mgmt_queue(vhost, "events.q") or {}).get("messages") == 4
+    )
+    _, report = doctor(vhost)
+    assert not [f for f in report["findings"] if f["check"] == "transient-messages"], report
+    assert "use a quorum queue" not in json.dumps(report)
+    assert broker.depths(vhost, ["events.q"]) == {"events.q": 4}
 
 
 def test_unroutable_publishes_dropped_without_alternate_exchange(

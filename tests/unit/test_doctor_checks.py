@@ -542,3 +542,28 @@ def test_quorum_members_without_nodes_or_members_data() -> None:
     )
     with pytest.raises(CheckSkipped):  # stats off: members not reported
         check(snapshot([queue("q")]), "quorum-members")
+
+
+def test_transient_messages_never_in_a_quorum_queue() -> None:
+    """A quorum queue persists every message: its counters' gap (they lag while a publish runs:
+    "40 of 160 … transient … or use a quorum queue" was seen with every message persistent) is
+    no finding, and a quorum queue is never told to be one."""
+    lagging = queue("q", "quorum", messages=160, messages_persistent=120)
+    assert check(snapshot([lagging]), "transient-messages") == []
+    assert check(snapshot([lagging]), "transient-messages", transient_reread={}) == []
+
+
+def test_transient_messages_must_hold_on_the_second_read() -> None:
+    first = queue("c", "classic", messages=160, messages_persistent=120)
+    caught_up = {"c": (160, 160)}
+    assert check(snapshot([first]), "transient-messages", transient_reread=caught_up) == []
+    assert check(snapshot([first]), "transient-messages", transient_reread={}) == []  # gone
+    (finding,) = check(snapshot([first]), "transient-messages", transient_reread={"c": (170, 130)})
+    assert finding.evidence == (
+        "40 of 170 message(s) in this durable classic queue are transient (delivery_mode 1) on "
+        "two reads of the counters: they are lost when the node restarts"
+    )
+    assert finding.fix == (
+        "publish with delivery_mode 2 (persistent; `rmqkit publish` does), or use a quorum "
+        "queue, which persists every message"
+    )

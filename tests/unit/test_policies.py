@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from rmqkit.broker.policies import Policy, applying_policy, resolve, resolve_queue
 from rmqkit.broker.snapshot import effective_queue
-from rmqkit.parking.browse import _delivery_limit
+from rmqkit.parking.guards import _delivery_limit
 from rmqkit.topology.desired import MANAGED_KEYS
 from rmqkit.topology.plan import LiveState, queue_settings
 

@@ -7,23 +7,31 @@ The first two need the broker's message counts and stats: where it keeps none
 
 from __future__ import annotations
 
-from rmqkit.broker.snapshot import count
+from rmqkit.broker.snapshot import QueueView, count
 from rmqkit.health.checks.common import plain_queues
 from rmqkit.health.findings import CheckSkipped, DoctorInput, Finding
 
 
 # --- 6. transient messages in durable queues -------------------------------------------------
 def transient_messages(inp: DoctorInput) -> list[Finding]:
-    """A durable queue survives a restart; its transient (delivery_mode 1) messages do not."""
+    """A durable classic queue survives a restart; its transient (delivery_mode 1) messages do
+    not. Quorum queues (and streams) persist every message: never a finding there.
+
+    Management counters lag while messages arrive (``messages`` can count a publish that
+    ``messages_persistent`` does not yet): a queue is reported only if its second read
+    (``inp.transient_reread``, a stats interval later) still shows transient messages."""
     if inp.snapshot.stats_disabled:
         raise CheckSkipped("the broker keeps no message counts (management.disable_stats)")
     found: list[Finding] = []
-    for queue in plain_queues(inp):
-        if not queue.durable:
-            continue
-        total, persistent = queue.messages, queue.messages_persistent
-        if total is None or persistent is None or persistent >= total:
-            continue
+    for queue in transient_candidates(inp):
+        total, persistent = queue.messages or 0, queue.messages_persistent or 0
+        reads = ""
+        if inp.transient_reread is not None:
+            again = inp.transient_reread.get(queue.name)
+            if again is None or transient_count(*again) == 0:
+                continue  # gone, or the first read was counters mid-update
+            total, persistent = again[0] or 0, again[1] or 0
+            reads = " on two reads of the counters"
         found.append(
             Finding(
                 "transient-messages",
@@ -31,12 +39,30 @@ def transient_messages(inp: DoctorInput) -> list[Finding]:
                 "queue",
                 queue.name,
                 f"{total - persistent} of {total} message(s) in this durable {queue.type} queue "
-                "are transient (delivery_mode 1): they are lost when the node restarts",
+                f"are transient (delivery_mode 1){reads}: they are lost when the node restarts",
                 "publish with delivery_mode 2 (persistent; `rmqkit publish` does), or use a "
                 "quorum queue, which persists every message",
             )
         )
     return found
+
+
+def transient_candidates(inp: DoctorInput) -> list[QueueView]:
+    """Durable classic queues whose first read counts transient messages."""
+    return [
+        queue
+        for queue in plain_queues(inp)
+        if queue.durable
+        and queue.type == "classic"
+        and transient_count(queue.messages, queue.messages_persistent) > 0
+    ]
+
+
+def transient_count(total: int | None, persistent: int | None) -> int:
+    """Transient messages the counters show (0 where either is unknown)."""
+    if total is None or persistent is None:
+        return 0
+    return max(0, total - persistent)
 
 
 # --- 7. unroutable publishes with no alternate exchange --------------------------------------
