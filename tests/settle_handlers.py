@@ -81,9 +81,9 @@ UNWRITABLE = 2**64  # no AMQP integer type holds it: encoding the copy's headers
 
 
 def _install_faults() -> None:
-    from rmqkit.consumer import copies, dispatch
+    from rmqkit.consumer import copies, delivery
 
-    route = dispatch.delivered_route
+    route = delivery.delivered_route
     copy_properties = copies.copy_properties
 
     def faulty_route(exchange: str, routing_key: str, headers: Any) -> tuple[str, str]:
@@ -97,7 +97,7 @@ def _install_faults() -> None:
             headers = {**headers, "unwritable": UNWRITABLE}
         return copy_properties(original, headers)
 
-    dispatch.delivered_route = faulty_route  # type: ignore[assignment]
+    delivery.delivered_route = faulty_route  # type: ignore[assignment]
     copies.copy_properties = faulty_copy  # type: ignore[assignment]
 
 
