@@ -225,6 +225,12 @@ def stats_cmd(
         None, "--max-age", help="Check: critical (2) if the oldest is older, warning (1) at 80%."
     ),
     as_json: bool = typer.Option(False, "--json", help="One JSON document (indented)."),
+    tsv: bool = typer.Option(
+        False,
+        "--tsv",
+        help="Tab-separated `by key count` lines (totals, then each count by reason, error "
+        "type and origin) instead of the summary and tables.",
+    ),
 ) -> None:
     """Counts by reason, error type and origin; oldest age. With --max-count/--max-age it is a
     monitoring check: exit 0 ok, 1 warning, 2 critical (Nagios plugin convention). Messages
@@ -238,7 +244,9 @@ def stats_cmd(
     if as_json:
         document = {**check.stats.as_dict(), "status": verdict.status, "why": list(verdict.why)}
         print(json.dumps(document, indent=2))
-    elif not stdout.is_terminal:  # piped: tab-separated lines, as `parking list` prints
+    elif tsv:
+        # A flag, not "when piped" as `list` does: monitoring checks and runbooks read the
+        # summary line (`Q: N message(s)`) from piped output, and it stays as it was.
         _print_stats_lines(check)
     else:
         _print_stats(check)

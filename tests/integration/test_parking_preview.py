@@ -72,9 +72,9 @@ def test_list_previews_bodies_redacted(parked: tuple[str, dict[str, str]]) -> No
     assert broker.depths(vhost, [PARKING]) == {PARKING: 3}  # listing took nothing
 
 
-def test_stats_piped_prints_tab_separated_lines(parked: tuple[str, dict[str, Any]]) -> None:
+def test_stats_tsv_prints_tab_separated_lines(parked: tuple[str, dict[str, Any]]) -> None:
     vhost, _ = parked
-    stats = broker.cli("parking", "stats", PARKING, vhost=vhost)
+    stats = broker.cli("parking", "stats", PARKING, "--tsv", vhost=vhost)
     assert stats.returncode == 0, stats.stderr
     lines = [line.split("\t") for line in stats.stdout.splitlines()]
     assert lines[0] == ["by", "key", "count"]
@@ -82,7 +82,9 @@ def test_stats_piped_prints_tab_separated_lines(parked: tuple[str, dict[str, Any
     first = {(by, key): count for by, key, count in lines[1:]}
     assert first[("matched", PARKING)] == "3" and first[("total", PARKING)] == "3"
     assert "╭" not in stats.stdout and "by reason" not in stats.stdout
-    check = broker.cli("parking", "stats", PARKING, "--max-count", "10", vhost=vhost)
+    check = broker.cli("parking", "stats", PARKING, "--max-count", "10", "--tsv", vhost=vhost)
     assert check.stdout.splitlines()[0].startswith("PARKING OK: "), check.stdout
     assert check.stdout.splitlines()[1] == "by\tkey\tcount"
+    piped = broker.cli("parking", "stats", PARKING, vhost=vhost)  # the summary, as before
+    assert piped.stdout.splitlines()[0].startswith(f"{PARKING}: 3 message(s)"), piped.stdout
     assert broker.depths(vhost, [PARKING]) == {PARKING: 3}
