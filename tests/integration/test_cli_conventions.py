@@ -179,6 +179,7 @@ def _json_commands(target: str, tmp: Path, message_id: str) -> dict[str, list[st
         "rmqkit dedupe status": ["dedupe", "status", "--dsn", store],
         "rmqkit dedupe prune": ["dedupe", "prune", "--dsn", store, "--older-than", "1h"],
         "rmqkit outbox status": ["outbox", "status", "--dsn", outbox],
+        "rmqkit outbox list": ["outbox", "list", "--dsn", outbox],
         "rmqkit keys show": ["keys", "show", str(tmp / "keyring.json")],
     }
 
