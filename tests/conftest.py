@@ -7,6 +7,7 @@ the serial tail of .ci/run; the rest run on xdist workers, beside another broker
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +30,19 @@ settings.load_profile("rmqkit")
 # The 4.x lines CI runs besides the default node's 3.10: `pytest.mark.semantics("4.0", "4.3")` on a
 # module names those it also runs on, and `--semantics-of 4.3` selects them (.ci/run).
 BROKER_LINES = ("4.0", "4.3")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Let the CLI processes the tests start be interrupted by SIGINT.
+
+    A background job of a shell without job control (CI's lanes, ``cmd &`` in a script) starts
+    with SIGINT ignored, and an ignored signal stays ignored across exec: every ``rmqkit`` child
+    would inherit it, asyncio.run would install no Ctrl-C handler, and the tests that send SIGINT
+    (status --watch, publish, parking replay) would wait for a process that never ends. Python's
+    own handler here means children start with the default disposition again.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
