@@ -102,6 +102,18 @@ class AccessRefused(RmqkitError):
     exit_code = ExitCode.ACCESS
 
 
+class VhostRefused(AccessRefused):
+    """The broker refused the vhost: it does not exist, or the user has no permissions on it.
+    ``listed`` is set once the message names the vhosts the user can see."""
+
+    listed: bool = False
+
+
+class PermissionMissing(AccessRefused):
+    """The login succeeded but the user lacks a tag or a vhost permission that one request
+    needs; the message names which, on which resource (docs/permissions.md has the table)."""
+
+
 class ConfigError(RmqkitError):
     """Settings are missing or invalid (environment, .env, flags), or a handler cannot be loaded."""
 

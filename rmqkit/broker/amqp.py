@@ -19,6 +19,7 @@ from rmqkit.errors import (
     DataError,
     RmqkitError,
     TopologyConflict,
+    VhostRefused,
 )
 from rmqkit.settings import Settings, mask_url, vhost_of
 
@@ -41,6 +42,13 @@ def parse_version(text: str) -> tuple[int, int, int]:
     return parts[0], parts[1], parts[2]
 
 
+def refused_vhost(exc: BaseException) -> bool:
+    """Whether a failed connection attempt is the broker refusing the URL's vhost."""
+    return isinstance(exc, amqp_errors.ConnectionNotAllowed) or (
+        isinstance(exc, amqp_errors.InvalidFrameError) and "Connection.Close" in str(exc)
+    )
+
+
 def map_connect_error(exc: BaseException, url: str) -> RmqkitError:
     """Turn a failure to open a connection to ``url`` into an rmqkit error."""
     shown = mask_url(url)
@@ -48,10 +56,8 @@ def map_connect_error(exc: BaseException, url: str) -> RmqkitError:
         return AccessRefused(
             f"broker at {shown} refused the login — check the user and password in RMQKIT_URL"
         )
-    if isinstance(exc, amqp_errors.ConnectionNotAllowed) or (
-        isinstance(exc, amqp_errors.InvalidFrameError) and "Connection.Close" in str(exc)
-    ):
-        return AccessRefused(
+    if refused_vhost(exc):
+        return VhostRefused(
             f"broker at {shown} refused vhost {vhost_of(url)!r}: it does not exist or the user "
             "has no permissions on it — create it or grant access (rabbitmqctl set_permissions)"
         )
@@ -129,6 +135,12 @@ async def connect(
             raise
         except Exception as exc:
             mapped = map_connect_error(exc, url)
+            if isinstance(mapped, AccessRefused) and refused_vhost(exc):
+                # Worth a call to the management API: which vhosts this user can see.
+                from rmqkit.broker.vhosts import vhost_refusal, visible_vhosts
+
+                visible = await visible_vhosts(settings.for_vhost(vhost_of(url)))
+                mapped = vhost_refusal(settings.for_vhost(vhost_of(url)), mask_url(url), visible)
             if isinstance(mapped, AccessRefused):
                 raise mapped from None
             errors.append(mapped)

@@ -9,7 +9,14 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
-from rmqkit.errors import AccessRefused, BrokerError, BrokerUnavailable, DataError
+from rmqkit.errors import (
+    AccessRefused,
+    BrokerError,
+    BrokerUnavailable,
+    DataError,
+    PermissionMissing,
+    VhostRefused,
+)
 from rmqkit.settings import Settings, mask_url
 
 # The columns of /api/nodes rmqkit reads (the full rows carry dozens of metrics per node).
@@ -34,6 +41,7 @@ class ManagementClient:
         self.base_url = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
         self.shown_url = mask_url(base_url)
         self.vhost = vhost
+        self.user = _unq(parts.username)
         auth = (
             httpx.BasicAuth(_unq(parts.username), _unq(parts.password or ""))
             if parts.username
@@ -75,23 +83,13 @@ class ManagementClient:
         status = response.status_code
         if status == 404 and ok_404:
             return None
-        if status == 401:
-            raise AccessRefused(
-                f"management API at {self.shown_url} refused the login — check the credentials"
-            )
-        if status == 403:
-            raise AccessRefused(
-                f"management API refused {method} {path}: the user needs the management tag "
-                "(policymaker or administrator for policies)"
-            )
+        if status in (401, 403):
+            raise await self._refusal(method, path, _reason(response))
         if status == 404 and path.startswith(
             ("/vhosts/", "/queues/", "/exchanges/", "/bindings/", "/policies/")
         ):
             # Same exit code as AMQP's refusal of a vhost (77): missing or not visible to us.
-            raise AccessRefused(
-                f"management API: vhost {self.vhost!r} does not exist or this user cannot see "
-                "it — create it or grant access (rabbitmqctl set_permissions)"
-            )
+            raise VhostRefused(_vhost_missing(self.vhost))
         if status == 400:
             raise DataError(f"management API rejected {method} {path}: {_reason(response)}")
         if status >= 400:
@@ -101,6 +99,42 @@ class ManagementClient:
         if not response.content:
             return None
         return response.json()
+
+    async def _refusal(self, method: str, path: str, reason: str) -> AccessRefused:
+        """What a 401/403 means: a failed login only when the broker says so (or, for a
+        reason it does not name, when ``/api/whoami`` refuses too); otherwise the tag or
+        vhost permission this request needs, and the tags the user has."""
+        user = self.user or "(none)"
+        need = missing_for(reason, path, self.vhost)
+        tags: list[str] | None = None
+        if reason not in _LOGIN_FAILED:
+            tags = await self._tags()
+            if need is None and tags is not None:
+                need = f"a permission this request needs ({reason})"
+        if need is None:
+            return AccessRefused(
+                f"management API at {self.shown_url} refused the login of user {user!r} — check "
+                "the user and password"
+            )
+        has = "" if tags is None else f" (tags: {', '.join(tags) or 'none'})"
+        return PermissionMissing(
+            f"management API refused {method} /api{path.split('?')[0]} for user {user!r}{has}: "
+            f"it needs {need} — docs/permissions.md lists what each command needs"
+        )
+
+    async def _tags(self) -> list[str] | None:
+        """The user's tags from ``/api/whoami`` (None when it cannot say: no management tag,
+        or no answer). The login is good whenever this answers 200."""
+        try:
+            who = await self._http.get("/api/whoami")
+            body = who.json() if who.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        if not isinstance(body, dict):
+            return None
+        raw = body.get("tags") or []
+        # 3.x and 4.x give a list; older releases a comma-separated string.
+        return [str(t) for t in (raw.split(",") if isinstance(raw, str) else raw) if t]
 
     # --- reads -------------------------------------------------------------------------
     async def overview(self) -> dict[str, Any]:
@@ -134,8 +168,19 @@ class ManagementClient:
         return list(result or [])
 
     async def vhost_info(self) -> dict[str, Any]:
-        """``/api/vhosts/{vhost}``: the vhost's own ``message_stats`` (unroutable counts)."""
-        result: dict[str, Any] = await self.request("GET", f"/vhosts/{_q(self.vhost)}")
+        """``/api/vhosts/{vhost}``: the vhost's own ``message_stats`` (unroutable counts).
+
+        ``/api/vhosts/{vhost}`` needs the administrator tag; for other users the row comes
+        from the listing, which shows each vhost the user may see (every vhost to the
+        monitoring tag). A vhost missing from it is the same refusal as a 404."""
+        try:
+            result: dict[str, Any] = await self.request("GET", f"/vhosts/{_q(self.vhost)}")
+        except PermissionMissing:
+            rows = await self.request("GET", "/vhosts")
+            for row in rows or []:
+                if isinstance(row, dict) and row.get("name") == self.vhost:
+                    return row
+            raise VhostRefused(_vhost_missing(self.vhost)) from None
         return result
 
     async def nodes(self) -> list[dict[str, Any]] | None:
@@ -181,6 +226,39 @@ class ManagementClient:
         await self.request("DELETE", f"/vhosts/{_q(name)}", ok_404=True)
 
 
+# The reasons RabbitMQ's management API gives in a 401 body (3.10 to 4.3), and what each
+# means the user lacks. Only "Login failed" is a wrong user or password.
+_LOGIN_FAILED = frozenset({"Login failed", "not_authorised", "not_authorized"})
+_TAGS = {
+    "Not administrator user": "the administrator tag",
+    "Not monitor user": "the monitoring tag (or administrator)",
+    "Not management user": "a management tag (management, policymaker, monitoring or "
+    "administrator)",
+    "Not policymaker user": "the policymaker tag (or administrator)",
+}
+
+
+def missing_for(reason: str, path: str, vhost: str) -> str | None:
+    """What a 401 ``reason`` for ``path`` says the user lacks, in words; None when the
+    reason does not say (a failed login, or a reason this table does not know)."""
+    if reason in _TAGS:
+        return _TAGS[reason]
+    if reason == "User not authorised to access virtual host":
+        return f"permissions on vhost {vhost!r} (rabbitmqctl set_permissions -p {vhost} ...)"
+    if reason == "User not authorised to access object":
+        if path.startswith(("/policies/", "/operator-policies/", "/parameters/")):
+            return "the policymaker tag (or administrator)"
+        return f"permissions on this object in vhost {vhost!r}"
+    return None
+
+
+def _vhost_missing(vhost: str) -> str:
+    return (
+        f"management API: vhost {vhost!r} does not exist or this user cannot see it — create "
+        "it (`rmqkit declare --create-vhost`) or grant access (rabbitmqctl set_permissions)"
+    )
+
+
 def _unq(text: str | None) -> str:
     from urllib.parse import unquote
 
@@ -205,5 +283,14 @@ async def management(
     client = ManagementClient.from_settings(settings, vhost)
     try:
         yield client
+    except VhostRefused as exc:
+        if exc.listed:
+            raise
+        # Worth one more call: which vhosts this user can see (vhosts imports this module).
+        from rmqkit.broker.vhosts import vhost_refusal, visible_vhosts
+
+        scoped = settings if vhost is None else settings.for_vhost(vhost)
+        visible = await visible_vhosts(scoped)
+        raise vhost_refusal(scoped, client.shown_url, visible) from None
     finally:
         await client.aclose()

@@ -243,6 +243,24 @@ async def session(
         await opened.close()
 
 
+def access_refused(exc: BaseException) -> str | None:
+    """The broker's ACCESS_REFUSED text when ``exc`` (or what it wraps) is a channel or
+    connection closed for a missing permission, else None. Not worth a reconnect: the same
+    permission is missing on the next connection, and each retry spends a delivery."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, aiormq.exceptions.ChannelAccessRefused) or "ACCESS_REFUSED" in str(
+            seen
+        ):
+            text = str(seen)
+            start = text.find("ACCESS_REFUSED")
+            return text[start:].rstrip(" ,)") if start >= 0 else text
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 __all__ = [
     "CONNECTION_ERRORS",
     "DEFAULT_WINDOW",
@@ -254,6 +272,7 @@ __all__ = [
     "Outcome",
     "QueueDepth",
     "Session",
+    "access_refused",
     "open_session",
     "outcome_of",
     "session",

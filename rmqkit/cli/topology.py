@@ -120,14 +120,26 @@ def declare(
     topology_opt: list[Path] | None = TOPOLOGIES_OPT,
     via: ViaChoice = VIA_OPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the actions, change nothing."),
+    create_vhost: bool = typer.Option(
+        False,
+        "--create-vhost",
+        help="Create the vhost RMQKIT_URL names if it does not exist (needs the administrator "
+        "tag), then declare into it: a fresh environment in one command.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Make the broker match the topology file(s); nothing changes if a conflict exists (65)."""
+    """Make the broker match the topology file(s); nothing changes if a conflict exists (65).
+
+    The file's [vhost.permissions] are applied last, after every object exists."""
     settings = settings_from(ctx)
     named = topology_files(files, topology_opt)
     topology = [load_topology(file) for file in named]
     try:
-        result = run_async(declare_topology(settings, topology, via=_via(via), dry_run=dry_run))
+        result = run_async(
+            declare_topology(
+                settings, topology, via=_via(via), dry_run=dry_run, create_vhost=create_vhost
+            )
+        )
     except Interrupted:
         if dry_run:
             raise Interrupted(

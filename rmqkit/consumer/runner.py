@@ -32,7 +32,13 @@ import contextlib
 import logging
 from time import monotonic
 
-from rmqkit.broker.session import CONNECTION_ERRORS, Channel, Session, open_session
+from rmqkit.broker.session import (
+    CONNECTION_ERRORS,
+    Channel,
+    Session,
+    access_refused,
+    open_session,
+)
 from rmqkit.consumer.acks import AckTracker
 from rmqkit.consumer.config import ConsumerConfig
 from rmqkit.consumer.dedupe import DedupeStep
@@ -179,6 +185,17 @@ class QueueConsumer:
             except (AccessRefused, ConfigError):
                 raise
             except CONNECTION_ERRORS as exc:
+                refused = access_refused(exc)
+                if refused is not None:
+                    # Stop rather than loop: every reconnect would redeliver the message in
+                    # flight, spending its delivery attempts until the limit parks it.
+                    raise AccessRefused(
+                        f"broker refused the consumer of {self.config.queue!r}: {refused} — "
+                        "grant the user the permissions docs/permissions.md lists for "
+                        "`rmqkit consume` (write on the exchanges retries and parking go "
+                        "through: '' for wait queues); the message in flight was returned "
+                        "to the queue"
+                    ) from None
                 delay = backoff.next_delay()
                 # What broke the connection may be a message (a frame the client cannot read):
                 # come back cautious, so it spends only its own delivery attempts.

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from rmqkit.broker.amqp import Connection, connection, server_version
+from rmqkit.broker.amqp import Connection, connection, parse_version, server_version
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session
-from rmqkit.errors import BrokerUnavailable, TopologyConflict
+from rmqkit.broker.vhosts import create_vhost as make_vhost
+from rmqkit.broker.vhosts import management_user, vhost_exists
+from rmqkit.errors import AccessRefused, BrokerUnavailable, ConfigError, TopologyConflict
 from rmqkit.settings import Settings
 from rmqkit.topology.desired import DesiredState, Via
 from rmqkit.topology.expand import expand_all
 from rmqkit.topology.model import Topology
+from rmqkit.topology.permissions import (
+    LivePermissions,
+    apply_permissions,
+    desired_permissions,
+)
 from rmqkit.topology.plan import PLUGINS, Change, LiveState, Plan, compute_plan, read_live_state
 
 
@@ -43,11 +50,22 @@ def source_of(topology: Topologies) -> str:
     return " ".join(t.source for t in _several(topology))
 
 
+def _desired(topology: Topologies, via: Via, version: tuple[int, int, int]) -> DesiredState:
+    files = _several(topology)
+    desired = expand_all(files, via=via, broker_version=version)
+    return replace(desired, permissions=desired_permissions(files))
+
+
 async def _plan_with(
-    api: ManagementClient, topology: Topologies, via: Via, version: tuple[int, int, int]
+    api: ManagementClient,
+    topology: Topologies,
+    via: Via,
+    version: tuple[int, int, int],
+    settings: Settings,
 ) -> Plan:
-    live = await read_live_state(api)
-    desired = expand_all(_several(topology), via=via, broker_version=version)
+    desired = _desired(topology, via, version)
+    asking = management_user(settings) if desired.permissions else None
+    live = await read_live_state(api, permissions_of=asking)
     return compute_plan(desired, live, source=source_of(topology), vhost=api.vhost)
 
 
@@ -59,7 +77,7 @@ async def plan_topology(settings: Settings, topology: Topologies, *, via: Via = 
     async with connection(settings, name="rmqkit plan") as conn:
         version = server_version(conn)
     async with management(settings) as api:
-        return await _plan_with(api, topology, via, version)
+        return await _plan_with(api, topology, via, version, settings)
 
 
 def conflict_error(plan: Plan) -> TopologyConflict:
@@ -74,34 +92,97 @@ def conflict_error(plan: Plan) -> TopologyConflict:
 
 
 async def declare_topology(
-    settings: Settings, topology: Topologies, *, via: Via = "policy", dry_run: bool = False
+    settings: Settings,
+    topology: Topologies,
+    *,
+    via: Via = "policy",
+    dry_run: bool = False,
+    create_vhost: bool = False,
 ) -> DeclareResult:
     """Make the broker match ``topology`` (one or several files, as their union); stop before
     changing anything on a conflict.
 
     Order matters: exchanges, then policies (so a queue never exists without its dead-letter
-    wiring), then queues, then bindings. Existing objects are not redeclared.
+    wiring), then queues, then bindings, then the users' permissions (last: a file that
+    narrows the declaring user's own cannot stop its declaration halfway). Existing objects
+    are not redeclared. ``create_vhost``: a missing vhost is created first (administrator
+    tag), the declaring user given full permissions on it.
     """
+    created: list[Change] = []
+    if create_vhost:
+        async with management(settings) as api:
+            if not await vhost_exists(api):
+                # Planned before the vhost is made: a conflict (a user the file names that
+                # does not exist) leaves the broker as it was, the vhost not created either.
+                fresh = await _fresh_vhost_plan(api, topology, via, management_user(settings))
+                if fresh.conflicts:
+                    raise conflict_error(fresh)
+                if dry_run:
+                    return DeclareResult(fresh, fresh.pending, dry_run=True, verified=True)
+                await make_vhost(api, management_user(settings))
+                created.append(Change("vhost", api.vhost, "create", "--create-vhost"))
     async with connection(settings, name="rmqkit declare") as conn:
         version = server_version(conn)
         try:
             async with management(settings) as api:
-                plan = await _plan_with(api, topology, via, version)
+                plan = await _plan_with(api, topology, via, version, settings)
                 if plan.conflicts:
                     raise conflict_error(plan)
                 if dry_run:
                     return DeclareResult(plan, plan.pending, dry_run=True, verified=True)
                 await _apply(conn, api, plan)
+                plan = replace(plan, changes=[*created, *plan.changes])
                 return DeclareResult(plan, plan.pending, dry_run=False, verified=True)
         except BrokerUnavailable:
             if via == "policy":
                 raise
+            if _has_permissions(topology):
+                raise ConfigError(
+                    f"{source_of(topology)}: [vhost.permissions] are set over the management "
+                    "API, which does not answer — enable it (rabbitmq-plugins enable "
+                    "rabbitmq_management) or set RMQKIT_MANAGEMENT_URL"
+                ) from None
         # --via arguments without a management API: the broker itself checks equivalence
         # (406 on a mismatch), so redeclaring everything is safe and idempotent.
         plan = await _blind_plan(conn, topology, version)
         if not dry_run:
             await _apply(conn, None, plan)
         return DeclareResult(plan, plan.pending, dry_run=dry_run, verified=False)
+
+
+def _has_permissions(topology: Topologies) -> bool:
+    return any(t.model.vhost.permissions for t in _several(topology))
+
+
+async def _fresh_vhost_plan(
+    api: ManagementClient, topology: Topologies, via: Via, asking: str
+) -> Plan:
+    """The plan for a vhost that does not exist yet: everything would be created, the vhost
+    first; the users the file names are looked up all the same."""
+    overview = await api.overview()
+    version = parse_version(str(overview.get("rabbitmq_version") or "0.0.0"))
+    types = frozenset(str(t.get("name")) for t in overview.get("exchange_types") or [])
+    desired = _desired(topology, via, version)
+    permissions = None
+    if desired.permissions:
+        try:
+            users = await api.request("GET", "/users?columns=name")
+            names = frozenset(str(u["name"]) for u in users or [] if u.get("name"))
+        except AccessRefused:
+            names = None
+        permissions = LivePermissions(asking, {}, names)
+    live = LiveState(
+        queues={},
+        exchanges={},
+        bindings=[],
+        policies={},
+        version=version,
+        exchange_types=types or None,
+        permissions=permissions,
+    )
+    plan = compute_plan(desired, live, source=source_of(topology), vhost=api.vhost)
+    vhost = Change("vhost", api.vhost, "create", "does not exist yet: --create-vhost creates it")
+    return replace(plan, changes=[vhost, *plan.changes])
 
 
 async def _blind_plan(
@@ -211,6 +292,10 @@ async def _apply(conn: Connection, api: ManagementClient | None, plan: Plan) -> 
         ],
         bindings,
     )
+    if api is not None:
+        await apply_permissions(
+            api, desired.permissions, {c.name for c in plan.pending if c.kind == "permission"}
+        )
 
 
 __all__ = ["DeclareResult", "LiveState", "declare_topology", "plan_topology"]

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rmqkit.topology.permissions import PermissionSpec
 from rmqkit.topology.summary import WorkQueueSummary
 
 Via = Literal["policy", "arguments"]
@@ -126,6 +127,8 @@ class DesiredState:
     fixed_queues: list[FixedQueueSpec] = field(default_factory=list)
     ladder: str | None = None  # the ladder's base name, for plan's summary
     ladder_targets: list[tuple[str, str]] = field(default_factory=list)
+    # The users' permissions in the vhost (``[vhost.permissions]`` of every file).
+    permissions: list[PermissionSpec] = field(default_factory=list)
 
     def all_queues(self) -> list[QueueSpec | FixedQueueSpec]:
         """Every queue to declare: the file's, then the delay ladder's rungs."""

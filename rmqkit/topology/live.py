@@ -9,9 +9,10 @@ from typing import Any, Literal
 
 from rmqkit.broker.policies import Effective, Version, resolve_queue
 from rmqkit.topology.desired import MANAGED_KEYS, DesiredState
+from rmqkit.topology.permissions import LivePermissions
 
 Action = Literal["create", "change", "in-sync", "conflict", "orphan"]
-Kind = Literal["exchange", "queue", "policy", "binding"]
+Kind = Literal["exchange", "queue", "policy", "binding", "permission", "vhost"]
 # Without the broker's version (a LiveState built by hand), plan assumes expand's default.
 DEFAULT_VERSION: Version = (3, 10, 0)
 
@@ -29,6 +30,8 @@ class LiveState:
     version: Version = DEFAULT_VERSION
     # The exchange types the broker offers (``/api/overview``); None: not known (not checked).
     exchange_types: frozenset[str] | None = None
+    # The vhost's permissions, read only when a file names some (``[vhost.permissions]``).
+    permissions: LivePermissions | None = None
 
 
 @dataclass(frozen=True)

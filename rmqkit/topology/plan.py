@@ -37,6 +37,7 @@ from rmqkit.topology.live import (
     queue_settings,
 )
 from rmqkit.topology.orphans import find_orphans
+from rmqkit.topology.permissions import permission_changes, read_permissions
 
 # Exchange types that come with a plugin: a missing one is named in the conflict's fix.
 PLUGINS = {"x-consistent-hash": "rabbitmq_consistent_hash_exchange"}
@@ -303,12 +304,14 @@ def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: 
         )
         action: Action = "in-sync" if key in have_bindings else "create"
         changes.append(Change("binding", binding.label, action))
+    changes.extend(permission_changes(desired.permissions, live.permissions))
     changes.extend(find_orphans(desired, live, vhost))
     return Plan(source=source, vhost=vhost, desired=desired, changes=changes)
 
 
-async def read_live_state(api: ManagementClient) -> LiveState:
-    """Read queues, exchanges, bindings and policies of the client's vhost."""
+async def read_live_state(api: ManagementClient, *, permissions_of: str | None = None) -> LiveState:
+    """Read queues, exchanges, bindings and policies of the client's vhost; with
+    ``permissions_of`` (the user asking), its permissions too."""
     queues = await api.queues()
     exchanges = await api.exchanges()
     bindings = await api.bindings()
@@ -326,6 +329,9 @@ async def read_live_state(api: ManagementClient) -> LiveState:
             str(t.get("name")) for t in overview.get("exchange_types") or [] if t.get("name")
         )
         or None,
+        permissions=(
+            await read_permissions(api, permissions_of) if permissions_of is not None else None
+        ),
     )
 
 

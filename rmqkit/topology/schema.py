@@ -4,6 +4,7 @@ what it holds), with the duration and retention parsing their fields use. Pure v
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -200,10 +201,43 @@ class BindingModel(_Strict):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+def _pattern(value: Any) -> str:
+    """A permission pattern: a regular expression RabbitMQ matches resource names against."""
+    if not isinstance(value, str):
+        raise ValueError(f'bad pattern {value!r}: write it as a string, e.g. "^orders\\." or ""')
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"bad pattern {value!r}: not a regular expression ({exc})") from None
+    return value
+
+
+Pattern = Annotated[str, BeforeValidator(_pattern)]
+"""A configure/write/read pattern; "" grants nothing, ".*" everything."""
+
+
+class PermissionModel(_Strict):
+    """``[vhost.permissions.USER]``: what ``USER`` may do in the vhost (RabbitMQ's
+    configure/write/read patterns). Each left out grants nothing (""), so a table names exactly
+    what the user gets."""
+
+    configure: Pattern = ""
+    write: Pattern = ""
+    read: Pattern = ""
+
+
+class VhostModel(_Strict):
+    """``[vhost]``: the vhost itself. ``permissions``: users (which must exist) and their
+    patterns, applied by ``declare``, shown by ``plan``; users not named keep theirs."""
+
+    permissions: dict[str, PermissionModel] = Field(default_factory=dict)
+
+
 class TopologyModel(_Strict):
     """A whole topology file."""
 
     policy_priority: int = Field(default=10, ge=0, le=1000)
+    vhost: VhostModel = Field(default_factory=VhostModel)
     exchanges: dict[str, ExchangeModel] = Field(default_factory=dict)
     queues: dict[str, QueueModel] = Field(default_factory=dict)
     bindings: list[BindingModel] = Field(default_factory=list)
