@@ -17,6 +17,7 @@ from rmqkit.errors import (
     BrokerError,
     BrokerUnavailable,
     DataError,
+    PermissionMissing,
     RmqkitError,
     TopologyConflict,
     VhostRefused,
@@ -82,7 +83,10 @@ def map_channel_error(exc: BaseException, doing: str) -> RmqkitError | None:
             "— run `rmqkit plan` to see the conflict and its fix"
         )
     if isinstance(exc, amqp_errors.ChannelAccessRefused):
-        return AccessRefused(f"broker refused {doing}: {exc} — grant the user permissions")
+        return PermissionMissing(
+            f"broker refused {doing}: {exc} — grant that permission (docs/permissions.md lists "
+            "what each command needs)"
+        )
     if isinstance(exc, amqp_errors.ChannelNotFoundEntity):
         return DataError(f"broker could not find an object while {doing}: {exc}")
     if isinstance(exc, amqp_errors.AMQPConnectionError | ConnectionError):

@@ -58,8 +58,8 @@ from rmqkit.broker.blocking import BlockWatch, reporting_blocks
 from rmqkit.broker.channel import CONNECTION_ERRORS, Channel, Delivery, OnDelivery, QueueDepth
 from rmqkit.broker.codec import typed_decoding
 from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
-from rmqkit.errors import DataError, RmqkitError
-from rmqkit.settings import Settings, mask_url
+from rmqkit.errors import DataError, PermissionMissing, RmqkitError
+from rmqkit.settings import Settings, mask_url, vhost_of
 
 DEFAULT_WINDOW = 1000  # unconfirmed publishes in flight per publisher
 
@@ -67,7 +67,11 @@ DEFAULT_WINDOW = 1000  # unconfirmed publishes in flight per publisher
 class Session:
     """One open AMQP connection (see the module docstring)."""
 
-    def __init__(self, connection: AbstractConnection | aiormq.abc.AbstractConnection) -> None:
+    def __init__(
+        self,
+        connection: AbstractConnection | aiormq.abc.AbstractConnection,
+        settings: Settings | None = None,
+    ) -> None:
         # An aio-pika connection (what ``connect`` opens) or a bare aiormq one (tests).
         self._owner = connection
         self._raw: aiormq.abc.AbstractConnection = (
@@ -76,6 +80,8 @@ class Session:
             else raw_connection(connection)
         )
         self._probe: Channel | None = None
+        # For the management API fallback of the probes (None: no fallback).
+        self._settings = settings
 
     @classmethod
     def of(cls, connection: Session | object) -> Session:
@@ -150,13 +156,49 @@ class Session:
         return self._probe
 
     # --- probes ---------------------------------------------------------------------------------
+    # RabbitMQ 4.3 checks a passive queue.declare against the user's permissions on the
+    # queue (3.x and 4.0 do not): a user without read or configure on it is refused. The
+    # management API answers the same question for any user with a management tag, so a
+    # refused probe asks it (its counts lag by the stats interval; a probe's do not).
     async def queue_depth(self, queue: str) -> QueueDepth:
         """Ready messages and consumers of ``queue``; DataError (65) if it does not exist."""
-        return await (await self._probe_channel()).queue_depth(queue)
+        try:
+            return await (await self._probe_channel()).queue_depth(queue)
+        except PermissionMissing as refused:
+            found = await self._from_management(queue, refused)
+            if found is None:
+                raise DataError(f"queue {queue!r} does not exist") from None
+            return found
 
     async def queue_exists(self, queue: str) -> bool:
         """Whether ``queue`` exists."""
-        return await (await self._probe_channel()).queue_exists(queue)
+        try:
+            return await (await self._probe_channel()).queue_exists(queue)
+        except PermissionMissing as refused:
+            return await self._from_management(queue, refused) is not None
+
+    async def _from_management(self, queue: str, refused: PermissionMissing) -> QueueDepth | None:
+        """``queue``'s depth from the management API (None: no such queue); re-raises the
+        probe's refusal when there is no API to ask or it refuses too."""
+        if self._settings is None:
+            raise refused
+        from rmqkit.broker.management import management  # it imports nothing of this module
+
+        scoped = self._settings.for_vhost(vhost_of(str(self._raw.url)))
+        try:
+            async with management(scoped) as api:
+                row = await api.queue(queue)
+        except PermissionMissing:
+            raise PermissionMissing(
+                f"{str(refused).split(' — ')[0]} — grant read on that queue, or a management tag "
+                "(management, policymaker, monitoring or administrator) so rmqkit can ask the "
+                "management API instead (docs/permissions.md lists what each command needs)"
+            ) from None
+        except RmqkitError:
+            raise refused from None
+        if row is None:
+            return None
+        return QueueDepth(int(row.get("messages_ready") or 0), int(row.get("consumers") or 0))
 
     async def require_queue(self, queue: str, error: type[RmqkitError], advice: str) -> None:
         """Raise ``error("queue 'q' does not exist — <advice>")`` unless ``queue`` exists."""
@@ -224,7 +266,7 @@ async def open_session(
     """
     with typed_decoding() if typed else nullcontext():
         conn = await connect(settings, name=name, urls=urls)
-    return Session(conn)
+    return Session(conn, settings)
 
 
 @asynccontextmanager
@@ -256,7 +298,8 @@ def access_refused(exc: BaseException) -> str | None:
         ):
             text = str(seen)
             start = text.find("ACCESS_REFUSED")
-            return text[start:].rstrip(" ,)") if start >= 0 else text
+            # The broker's words only: an rmqkit error already carries its own advice.
+            return text[start:].split(" — ")[0].rstrip(" ,)") if start >= 0 else text
         seen = seen.__cause__ or seen.__context__
     return None
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rmqkit import headers as h
-from rmqkit.broker.amqp import parse_version
+from rmqkit.broker.amqp import amqp_errors_mapped, parse_version
 from rmqkit.broker.identity import BrokerIdentity
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session, open_session
@@ -50,7 +50,10 @@ async def parking_session(settings: Settings, queue: str) -> AsyncIterator[Parki
         async with management(settings) as api:
             await require_same_broker(settings, api, amqp)
             info = await check_browsable(api, queue, amqp.server_version)
-            yield ParkingSession(amqp, api, queue, info)
+            # A refused basic.get or publish (no read or write permission) is exit 77 with
+            # the broker's words, not a traceback.
+            with amqp_errors_mapped(f"working on parking queue {queue!r}"):
+                yield ParkingSession(amqp, api, queue, info)
     finally:
         await amqp.close()
 
