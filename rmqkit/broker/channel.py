@@ -146,11 +146,16 @@ class Channel:
         """``basic.qos``: applies to consumers started on this channel after it."""
         await self._raw.basic_qos(prefetch_count=prefetch_count)
 
-    async def consume(self, queue: str, on_delivery: OnDelivery) -> str:
-        """Start a consumer with manual acks; returns its consumer tag."""
+    async def consume(
+        self, queue: str, on_delivery: OnDelivery, *, arguments: dict[str, Any] | None = None
+    ) -> str:
+        """Start a consumer with manual acks (``arguments``: basic.consume's, e.g.
+        ``x-consumer-timeout``); returns its consumer tag."""
         # aiormq's delivered message satisfies Delivery structurally (no wrapper per message).
         callback = cast("Callable[[aiormq.abc.DeliveredMessage], Any]", on_delivery)
-        consume_ok = await self._raw.basic_consume(queue, callback, no_ack=False)
+        consume_ok = await self._raw.basic_consume(
+            queue, callback, no_ack=False, arguments=arguments or None
+        )
         return str(consume_ok.consumer_tag)
 
     async def cancel(self, consumer_tag: str) -> None:

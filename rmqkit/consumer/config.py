@@ -43,6 +43,22 @@ class DedupeConfig:
     scope: str | None = None
 
 
+# RabbitMQ 4.3 takes a consumer timeout per consumer (``x-consumer-timeout`` on basic.consume),
+# which outranks the queue's and the broker's; older brokers ignore it or lack it, so it is
+# passed from 4.3 on only.
+PER_CONSUMER_TIMEOUT_SINCE = (4, 3, 0)
+
+
+def consumer_timeout_ms(handler_timeout_s: float | None) -> int | None:
+    """The ``x-consumer-timeout`` a consumer asks for: longer than any delivery can stay
+    unacked under rmqkit (the handler's timeout, then the ack flush, a retry's publish and
+    confirm: a margin of the handler's timeout again, at least 60 s). None: no handler
+    timeout, so nothing bounds a delivery and the broker's own timeout stays in force."""
+    if handler_timeout_s is None:
+        return None
+    return round((handler_timeout_s + max(60.0, handler_timeout_s)) * 1000)
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     """Everything one consumer process runs with (picklable: handed to worker processes)."""
@@ -164,6 +180,7 @@ def build_config(
     topology: Topology | None = None,
     broker_consumer_timeout_s: float | None = None,
     loaded: LoadedHandler | None = None,
+    broker_version: tuple[int, int, int] | None = None,
 ) -> ConsumerConfig:
     """Combine flags, topology and broker facts; collect warnings for the operator.
 
@@ -183,7 +200,10 @@ def build_config(
         timeout_s = DEFAULT_HANDLER_TIMEOUT_S
     consumer_timeout_s = broker_consumer_timeout_s or BROKER_CONSUMER_TIMEOUT_S
     warnings: list[str] = []
-    if timeout_s >= consumer_timeout_s:
+    # From 4.3 the consumer asks for a timeout of its own (consume_arguments), which outranks
+    # the queue's and the broker's: nothing to warn about.
+    own_timeout = broker_version is not None and broker_version >= PER_CONSUMER_TIMEOUT_SINCE
+    if timeout_s >= consumer_timeout_s and not own_timeout:
         source = (
             f"queue {queue!r} has a consumer timeout of {consumer_timeout_s:g}s "
             "(x-consumer-timeout or a policy)"

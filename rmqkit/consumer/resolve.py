@@ -107,11 +107,15 @@ def _one(
         # The queue's consumer timeout (x-consumer-timeout or a policy) bounds the handler
         # timeout with a topology file too: the file does not say it, the broker does.
         timeout = consumer_timeout_s(snapshot, queue)
-        config = build_config(handler, queue, policy, flags, spec, timeout, loaded)
+        config = build_config(
+            handler, queue, policy, flags, spec, timeout, loaded, snapshot.version
+        )
     else:
         policy, timeout = policy_from_snapshot(snapshot, queue, flags.max_attempts)
         check_wiring(snapshot, policy, discover_wait=True)
-        config = build_config(handler, queue, policy, flags, None, timeout, loaded)
+        config = build_config(
+            handler, queue, policy, flags, None, timeout, loaded, snapshot.version
+        )
     return replace(config, warnings=(*config.warnings, *wiring_warnings(snapshot, policy)))
 
 

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 from time import monotonic
+from typing import Any
 
 from rmqkit.broker.session import (
     CONNECTION_ERRORS,
@@ -40,7 +41,11 @@ from rmqkit.broker.session import (
     open_session,
 )
 from rmqkit.consumer.acks import AckTracker
-from rmqkit.consumer.config import ConsumerConfig
+from rmqkit.consumer.config import (
+    PER_CONSUMER_TIMEOUT_SINCE,
+    ConsumerConfig,
+    consumer_timeout_ms,
+)
 from rmqkit.consumer.dedupe import DedupeStep
 from rmqkit.consumer.dispatch import Dispatcher
 from rmqkit.consumer.handler import LoadedHandler
@@ -65,6 +70,19 @@ CAUTIOUS_MIN_S = 15.0
 # declares on the consumer's own connection: cheap, but not in a tight loop for hours).
 RECHECK_CAP_S = 10.0
 STILL_WAITING_EVERY_S = 60.0  # how often the log repeats that a queue is still missing
+
+
+def consume_arguments(
+    version: tuple[int, int, int], config: ConsumerConfig
+) -> dict[str, Any] | None:
+    """basic.consume's arguments: on 4.3, a consumer timeout of the consumer's own, derived
+    from the handler timeout, so a shorter queue- or broker-wide one cannot cancel a handler
+    rmqkit still lets run (4.3 does not count a timeout toward the delivery limit: the
+    message came back over and over, its handler run each time)."""
+    timeout = consumer_timeout_ms(config.handler_timeout_s)
+    if version < PER_CONSUMER_TIMEOUT_SINCE or timeout is None:
+        return None
+    return {"x-consumer-timeout": timeout}
 
 
 class ConsumerCancelled(ConnectionError):
@@ -104,6 +122,7 @@ class QueueConsumer:
         self._cautious_until = CAUTIOUS_SETTLED
         self._cautious_since = monotonic()
         self._consumer_tag = ""
+        self._consume_args: dict[str, Any] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
@@ -240,7 +259,10 @@ class QueueConsumer:
                 self.metrics.cancelled_by_broker(self.config.queue)
 
         channel.add_cancel_listener(on_cancel)
-        self._consumer_tag = await channel.consume(self.config.queue, self.dispatcher._on_delivery)
+        self._consume_args = consume_arguments(conn.server_version, self.config)
+        self._consumer_tag = await channel.consume(
+            self.config.queue, self.dispatcher._on_delivery, arguments=self._consume_args
+        )
         self.watch.consumed()
         self.metrics.set_connected(True, self.config.queue)
         self.metrics.set_consuming(True, self.config.queue)
@@ -393,7 +415,9 @@ class QueueConsumer:
         consumer takes over at the full prefetch and the prefetch-1 one is cancelled."""
         await channel.qos(self.dispatcher.prefetch)
         old_tag = self._consumer_tag
-        self._consumer_tag = await channel.consume(self.config.queue, self.dispatcher._on_delivery)
+        self._consumer_tag = await channel.consume(
+            self.config.queue, self.dispatcher._on_delivery, arguments=self._consume_args
+        )
         await channel.cancel(old_tag)
         log.info("left cautious mode: prefetch %d", self.dispatcher.prefetch)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +29,7 @@ import httpx
 import pytest
 
 import rmqkit
+from rmqkit import headers as h
 from rmqkit.topology import declare_topology, load_topology
 from rmqkit.topology.desired import policy_name
 from tests import broker
@@ -239,63 +239,36 @@ async def slow_first(message: rmqkit.Message) -> None:
     record(message.message_id, message.attempt, "effect")
 
 
-class _ReadyzWatch:
-    """Polls /readyz every 0.1 s in a thread; keeps the sequence of distinct statuses."""
-
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}/readyz"
-        self.seen: list[tuple[int, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                response = httpx.get(self.url, timeout=1)
-                status = (response.status_code, response.text.strip())
-            except httpx.HTTPError:
-                status = (0, "no answer")
-            if not self.seen or self.seen[-1] != status:
-                self.seen.append(status)
-            time.sleep(0.1)
-
-    def stop(self) -> list[tuple[int, str]]:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        return self.seen
-
-
-def test_a_consumer_timeout_shorter_than_a_handler_is_detected_and_recovered(
-    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
-) -> None:
-    """The work queue's consumer timeout is 2 s (policy key), the handler's first run 3.5 s.
-
-    4.3 cancels the consumer at 2 s: the consumer logs it, /readyz fails, it reconnects and the
-    redelivered messages are handled; none stays in the queue. At start it warns that the
-    handler timeout (30 s) is not below the queue's 2 s (read with --topology).
-    On 7cb9a46 against 4.3.6: no log line of its own (only aiormq's warning), /readyz 200
-    throughout, and the 5 messages stayed ready in the work queue with no consumer.
-    Up to 4.2 the broker closes the channel instead (406), which the reconnect path handled
-    already, but only on a tick about once a minute; 3.10 has no per-queue consumer timeout
-    (3.12+) and the default node's broker-wide one is 30 min: skipped there.
-    """
+def _short_queue_timeout(vhost: str) -> None:
+    """Give the work queue a 2 s consumer timeout (policy key), and wait until it applies."""
     if broker.version() < (4, 3):
         pytest.skip(
-            "before 4.3 a consumer timeout closes the channel (406), checked about once a minute "
-            "(4.0.5: ~60 s for a 2 s timeout), and 3.10 has no per-queue timeout: too slow or "
-            "impossible here; the 406 close takes the reconnect path test_consume.py covers"
+            "a consumer timeout per consumer (x-consumer-timeout on basic.consume) is passed on "
+            "4.3 only; before it a queue's timeout closes the channel (406) about once a minute "
+            "and 3.10 has no per-queue timeout; the 406 close takes the reconnect path "
+            "test_consume.py covers"
         )
-    _add_to_rmqkit_policy(jobs_vhost, WORK, consumer_timeout=2000)
+    _add_to_rmqkit_policy(vhost, WORK, consumer_timeout=2000)
     assert wait_until(
         lambda: (
-            _queue_stats(jobs_vhost, WORK)
-            .get("effective_policy_definition", {})
-            .get("consumer-timeout")
+            _queue_stats(vhost, WORK).get("effective_policy_definition", {}).get("consumer-timeout")
             == 2000
         ),
         timeout_s=10,
     )
+
+
+def test_a_queue_consumer_timeout_shorter_than_the_handler_no_longer_cancels_it(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """The work queue's consumer timeout is 2 s, each handler's first run 3.5 s, the handler
+    timeout 30 s. On 4.3 the consumer passes x-consumer-timeout (30 s + 60 s margin) on its own
+    basic.consume, which outranks the queue's: no cancel, each message handled once, on its
+    first delivery. Before this, 4.3 cancelled the consumer at 2 s and returned the messages,
+    not counting the returns toward the delivery limit: each handler ran again (a duplicate
+    effect had it not been for the redelivered flag this handler checks), and a handler
+    always slower than the timeout looped for ever."""
+    _short_queue_timeout(jobs_vhost)
     ids = [uuid.uuid4().hex for _ in range(5)]
     broker.publish_with_ids(jobs_vhost, "jobs", "job", [(m, body(id=m)) for m in ids])
     ledger = tmp_path / "ledger.db"
@@ -307,37 +280,70 @@ def test_a_consumer_timeout_shorter_than_a_handler_is_detected_and_recovered(
         str(port),
         "--log-format",
         "json",
+        "--handler-timeout",
+        "30s",
         handler="tests.integration.test_consume_43:slow_first",
     )
     consumers.append(consumer)
-    watch = _ReadyzWatch(port)
-    try:
-        assert wait_until(lambda: set(effects(ledger)) >= set(ids), timeout_s=30), (
-            consumer.output()[-3000:]
-        )
-        # Every message acked in the end: none left ready or unacked in the work queue.
-        assert wait_until(
-            lambda: (
-                (s := _queue_stats(jobs_vhost, WORK)).get("messages") == 0
-                and s.get("messages_unacknowledged") == 0
-            ),
-            timeout_s=20,
-        ), (_queue_stats(jobs_vhost, WORK), consumer.output()[-3000:])
-        assert broker.depths(jobs_vhost, [WORK, PARKING]) == {WORK: 0, PARKING: 0}
-        assert wait_until(lambda: watch.seen[-1][0] == 200, timeout_s=10), watch.seen
-    finally:
-        seen = watch.stop()
+    assert wait_until(lambda: set(effects(ledger)) >= set(ids), timeout_s=30), consumer.output()[
+        -3000:
+    ]
+    assert wait_until(
+        lambda: (
+            (s := _queue_stats(jobs_vhost, WORK)).get("messages") == 0
+            and s.get("messages_unacknowledged") == 0
+        ),
+        timeout_s=20,
+    ), (_queue_stats(jobs_vhost, WORK), consumer.output()[-3000:])
+    assert broker.depths(jobs_vhost, [WORK, PARKING]) == {WORK: 0, PARKING: 0}
+    attempts = [e for e in events(ledger) if e[2] == "attempt"]
+    assert sorted(e[0] for e in attempts) == sorted(ids), attempts  # one run each
+    assert effects(ledger) == {m: 1 for m in ids}
     lines = [json.loads(x) for x in consumer.output().splitlines() if x.startswith("{")]
     messages = [str(x.get("msg", "")) for x in lines]
-    warning = "handler timeout 30s is not below the consumer timeout: queue 'jobs.work' has a "
-    assert any(m.startswith(warning) for m in messages), messages[:5]
-    codes = [code for code, _ in seen]
-    first_ready = codes.index(200)
-    assert 503 in codes[first_ready:], seen  # not ready after the cancel (or channel close)...
-    assert codes[-1] == 200, seen  # ...and ready again
-    assert any(m.startswith("the broker cancelled consumer ") for m in messages), messages
+    assert not any(m.startswith("the broker cancelled consumer ") for m in messages), messages
+    assert not any("is not below the consumer timeout" in m for m in messages), messages
     cancels = 'rmqkit_consumer_cancelled_by_broker_total{queue="jobs.work"}'
-    assert _metric(port, cancels) >= 1
+    assert _metric(port, cancels) == 0
+    assert consumer.stop() == 0
+
+
+async def always_hangs(message: rmqkit.Message) -> None:
+    """Handler: never finishes (until the handler timeout cancels it)."""
+    record(message.message_id, message.attempt, "attempt")
+    await asyncio.sleep(3600)
+
+
+def test_a_handler_that_always_hangs_is_still_parked_exhausted(
+    jobs_vhost: str, tmp_path: Path, consumers: list[ConsumerProcess]
+) -> None:
+    """4.3 does not count consumer timeouts toward the delivery limit, so the broker would
+    never park this message. rmqkit's own attempts do: the handler timeout (1 s) fails each
+    run, the message goes through the wait queues, and after max_attempts (2 here) it is
+    parked with reason exhausted. The queue's 2 s consumer timeout cancels nothing."""
+    _short_queue_timeout(jobs_vhost)
+    mid = uuid.uuid4().hex
+    broker.publish_with_ids(jobs_vhost, "jobs", "job", [(mid, body(id=mid))])
+    ledger = tmp_path / "ledger.db"
+    consumer = ConsumerProcess(
+        jobs_vhost,
+        ledger,
+        "--handler-timeout",
+        "1s",
+        "--max-attempts",
+        "2",
+        handler="tests.integration.test_consume_43:always_hangs",
+    )
+    consumers.append(consumer)
+    assert wait_until(lambda: broker.depths(jobs_vhost, [PARKING])[PARKING] == 1, timeout_s=40), (
+        consumer.output()[-3000:]
+    )
+    (parked,) = broker.drain(jobs_vhost, PARKING)
+    assert parked["message_id"] == mid
+    assert parked["headers"][h.PARK_REASON] == "exhausted", parked["headers"]
+    assert [e[1] for e in events(ledger) if e[2] == "attempt"] == [1, 2]
+    assert broker.depths(jobs_vhost, [WORK]) == {WORK: 0}
+    assert "the broker cancelled consumer " not in consumer.output()
     assert consumer.stop() == 0
 
 

@@ -346,6 +346,12 @@ def test_handler_timeout_above_the_consumer_timeout(
     vhost = fresh_vhost()
     declare_orders(vhost)
     code, report = doctor(vhost, "--handler-timeout", "45m")
+    if broker.version() >= (4, 3):
+        # `rmqkit consume` asks for a consumer timeout of its own there (45m + 45m): the
+        # broker's 30 min cannot cancel it, so doctor has nothing to advise.
+        checks = {f["check"] for f in report["findings"]}
+        assert "handler-timeout-above-consumer-timeout" not in checks, report
+        return
     (finding,) = only_finding(report, "handler-timeout-above-consumer-timeout")
     assert (code, finding["severity"], finding["object"]) == (1, "warning", "orders.work")
     assert "45m (--handler-timeout)" in finding["evidence"]

@@ -338,6 +338,9 @@ def test_handler_timeout_against_default_and_per_queue_consumer_timeout() -> Non
     assert check(older, "handler-timeout-above-consumer-timeout", handler_timeout_s=90.0) == []
     per_queue = {"w": (2000.0, "topology handler_timeout")}
     assert check(snap, "handler-timeout-above-consumer-timeout", handler_timeouts=per_queue)
+    # 4.3: the consumer passes a timeout of its own (x-consumer-timeout), above the handler's.
+    newest = snapshot(work_and_parking(), policies=pols, version=(4, 3, 0))
+    assert check(newest, "handler-timeout-above-consumer-timeout", handler_timeout_s=90.0) == []
 
 
 def test_topology_out_of_sync_pending_warns_conflict_is_critical() -> None:

@@ -5,7 +5,7 @@ classic-mirrored-policy, handler-timeout-above-consumer-timeout, topology-out-of
 from __future__ import annotations
 
 from rmqkit.broker.snapshot import count
-from rmqkit.consumer.config import BROKER_CONSUMER_TIMEOUT_S
+from rmqkit.consumer.config import BROKER_CONSUMER_TIMEOUT_S, PER_CONSUMER_TIMEOUT_SINCE
 from rmqkit.health.checks.common import seconds_text
 from rmqkit.health.findings import CheckSkipped, DoctorInput, Finding
 
@@ -56,6 +56,10 @@ def handler_timeout_above_consumer_timeout(inp: DoctorInput) -> list[Finding]:
     """A handler allowed to run past the broker's consumer (ack) timeout gets its channel
     closed (≤ 4.2) or consumer cancelled (4.3): every unacked delivery comes back."""
     found: list[Finding] = []
+    if inp.snapshot.version >= PER_CONSUMER_TIMEOUT_SINCE:
+        # `rmqkit consume` asks for a consumer timeout of its own there, above its handler
+        # timeout, which outranks the queue's and the broker's: nothing to fix.
+        return found
     per_queue = inp.snapshot.version >= PER_QUEUE_CONSUMER_TIMEOUT_SINCE
     for queue in inp.queues_with_role("work"):
         handler_s, handler_source = inp.handler_timeout_for(queue.name)
