@@ -314,6 +314,7 @@ def test_outbox_delayed_row_to_a_missing_exchange_waits_alone(
     assert [m["message_id"] for m in arrive(vhost, "jobs.work", 1, timeout_s=15)] == [good]
 
 
+@pytest.mark.timing  # "never early": a lower bound on the delay, which load cannot break
 def test_outbox_lanes_and_default_delay_at_relay_time(
     setup: tuple[str, Path], tmp_path: Path
 ) -> None:
