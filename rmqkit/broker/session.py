@@ -58,6 +58,7 @@ from rmqkit.broker.blocking import BlockWatch, reporting_blocks
 from rmqkit.broker.channel import CONNECTION_ERRORS, Channel, Delivery, OnDelivery, QueueDepth
 from rmqkit.broker.codec import typed_decoding
 from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
+from rmqkit.broker.management import ManagementClient
 from rmqkit.errors import DataError, PermissionMissing, RmqkitError
 from rmqkit.settings import Settings, mask_url, vhost_of
 
@@ -80,8 +81,12 @@ class Session:
             else raw_connection(connection)
         )
         self._probe: Channel | None = None
-        # For the management API fallback of the probes (None: no fallback).
+        # For the management API fallback of the probes (None: no fallback): one client for
+        # the session, and the queues whose probe was refused (asked there directly after:
+        # a refusal closes the probe channel, and polling loops would reopen it each time).
         self._settings = settings
+        self._api: ManagementClient | None = None
+        self._refused: dict[str, PermissionMissing] = {}
 
     @classmethod
     def of(cls, connection: Session | object) -> Session:
@@ -121,6 +126,9 @@ class Session:
 
     async def close(self) -> None:
         """Close the connection (and with it every channel)."""
+        if self._api is not None:
+            await self._api.aclose()
+            self._api = None
         await self._owner.close()
 
     def watch_blocks(self, on_change: Callable[[BlockWatch], None] | None = None) -> BlockWatch:
@@ -162,9 +170,15 @@ class Session:
     # refused probe asks it (its counts lag by the stats interval; a probe's do not).
     async def queue_depth(self, queue: str) -> QueueDepth:
         """Ready messages and consumers of ``queue``; DataError (65) if it does not exist."""
+        if queue in self._refused:
+            found = await self._from_management(queue, self._refused[queue])
+            if found is None:
+                raise DataError(f"queue {queue!r} does not exist")
+            return found
         try:
             return await (await self._probe_channel()).queue_depth(queue)
         except PermissionMissing as refused:
+            self._refused[queue] = refused
             found = await self._from_management(queue, refused)
             if found is None:
                 raise DataError(f"queue {queue!r} does not exist") from None
@@ -172,9 +186,12 @@ class Session:
 
     async def queue_exists(self, queue: str) -> bool:
         """Whether ``queue`` exists."""
+        if queue in self._refused:
+            return await self._from_management(queue, self._refused[queue]) is not None
         try:
             return await (await self._probe_channel()).queue_exists(queue)
         except PermissionMissing as refused:
+            self._refused[queue] = refused
             return await self._from_management(queue, refused) is not None
 
     async def _from_management(self, queue: str, refused: PermissionMissing) -> QueueDepth | None:
@@ -182,12 +199,11 @@ class Session:
         probe's refusal when there is no API to ask or it refuses too."""
         if self._settings is None:
             raise refused
-        from rmqkit.broker.management import management  # it imports nothing of this module
-
-        scoped = self._settings.for_vhost(vhost_of(str(self._raw.url)))
+        if self._api is None:
+            scoped = self._settings.for_vhost(vhost_of(str(self._raw.url)))
+            self._api = ManagementClient.from_settings(scoped)
         try:
-            async with management(scoped) as api:
-                row = await api.queue(queue)
+            row = await self._api.queue(queue)
         except PermissionMissing:
             raise PermissionMissing(
                 f"{str(refused).split(' — ')[0]} — grant read on that queue, or a management tag "

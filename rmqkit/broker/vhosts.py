@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from rmqkit.broker.management import ManagementClient, management
 from rmqkit.errors import AccessRefused, RmqkitError, VhostRefused
 from rmqkit.settings import Settings
-
-FULL = {"configure": ".*", "write": ".*", "read": ".*"}
 
 
 def management_user(settings: Settings) -> str:
@@ -21,17 +19,20 @@ async def vhost_exists(api: ManagementClient) -> bool:
     """Whether the client's vhost exists, as far as this user can see: the listing shows
     every vhost to the administrator and monitoring tags, and to others those they have
     permissions on (``/api/vhosts/{name}`` itself needs the administrator tag)."""
+    return api.vhost in await vhost_names(api)
+
+
+async def vhost_names(api: ManagementClient) -> list[str]:
+    """The vhosts this user can see (the listing, names only), sorted."""
     rows = await api.request("GET", "/vhosts?columns=name")
-    return any(isinstance(row, dict) and row.get("name") == api.vhost for row in rows or [])
+    return sorted(str(row["name"]) for row in rows or [] if isinstance(row, dict) and "name" in row)
 
 
 async def create_vhost(api: ManagementClient, user: str) -> None:
     """Create the client's vhost and give ``user`` (the one declaring) full permissions on
     it, so the declaration that follows may create its objects. Needs the administrator tag."""
-    vhost = quote(api.vhost, safe="")
     try:
-        await api.request("PUT", f"/vhosts/{vhost}", json={})
-        await api.request("PUT", f"/permissions/{vhost}/{quote(user, safe='')}", json=FULL)
+        await api.create_vhost(api.vhost, user)
     except AccessRefused:
         raise AccessRefused(
             f"cannot create vhost {api.vhost!r}: creating a vhost needs the administrator tag, "
@@ -45,10 +46,9 @@ async def visible_vhosts(settings: Settings) -> list[str] | None:
     say (not enabled, unreachable, or the login refused there too)."""
     try:
         async with management(settings) as api:
-            rows = await api.request("GET", "/vhosts?columns=name")
+            return await vhost_names(api)
     except RmqkitError:
         return None
-    return sorted(str(row["name"]) for row in rows or [] if isinstance(row, dict) and "name" in row)
 
 
 def vhost_refusal(settings: Settings, shown_url: str, visible: list[str] | None) -> VhostRefused:
@@ -77,6 +77,7 @@ __all__ = [
     "create_vhost",
     "management_user",
     "vhost_exists",
+    "vhost_names",
     "vhost_refusal",
     "visible_vhosts",
 ]

@@ -11,7 +11,7 @@ from rmqkit.broker.management import ManagementClient, management
 from rmqkit.broker.session import Session
 from rmqkit.broker.vhosts import create_vhost as make_vhost
 from rmqkit.broker.vhosts import management_user, vhost_exists
-from rmqkit.errors import AccessRefused, BrokerUnavailable, ConfigError, TopologyConflict
+from rmqkit.errors import BrokerUnavailable, ConfigError, TopologyConflict
 from rmqkit.settings import Settings
 from rmqkit.topology.desired import DesiredState, Via
 from rmqkit.topology.expand import expand_all
@@ -20,6 +20,7 @@ from rmqkit.topology.permissions import (
     LivePermissions,
     apply_permissions,
     desired_permissions,
+    user_names,
 )
 from rmqkit.topology.plan import PLUGINS, Change, LiveState, Plan, compute_plan, read_live_state
 
@@ -165,12 +166,7 @@ async def _fresh_vhost_plan(
     desired = _desired(topology, via, version)
     permissions = None
     if desired.permissions:
-        try:
-            users = await api.request("GET", "/users?columns=name")
-            names = frozenset(str(u["name"]) for u in users or [] if u.get("name"))
-        except AccessRefused:
-            names = None
-        permissions = LivePermissions(asking, {}, names)
+        permissions = LivePermissions(asking, {}, await user_names(api))
     live = LiveState(
         queues={},
         exchanges={},

@@ -83,12 +83,20 @@ async def read_permissions(api: ManagementClient, asked_by: str) -> LivePermissi
 
     try:
         rows = await api.request("GET", f"/vhosts/{quote(api.vhost, safe='')}/permissions")
-        users = await api.request("GET", "/users?columns=name")
     except AccessRefused:
         return LivePermissions(asked_by, None, None)
     by_user = {str(row["user"]): {k: str(row.get(k, "")) for k in PATTERNS} for row in rows or []}
-    names = frozenset(str(u["name"]) for u in users or [] if u.get("name"))
-    return LivePermissions(asked_by, by_user, names)
+    return LivePermissions(asked_by, by_user, await user_names(api))
+
+
+async def user_names(api: ManagementClient) -> frozenset[str] | None:
+    """The broker's user names (only the names: the rows also carry password hashes), or
+    None when this user may not list users (that needs the administrator tag)."""
+    try:
+        users = await api.request("GET", "/users?columns=name")
+    except AccessRefused:
+        return None
+    return frozenset(str(u["name"]) for u in users or [] if u.get("name"))
 
 
 def permission_changes(

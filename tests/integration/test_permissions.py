@@ -413,16 +413,14 @@ def test_a_consumer_without_write_stops_instead_of_spending_deliveries(
     parked = vhost.depth(PARKING)
     user = make_user("none", "", "", r"^orders\.work$")
     broker.publish(vhost.name, "orders", "order.created", [b'{"id": "f", "fail": 1}'])
-    env = {**broker.cli_env(), **user.env(), "RMQKIT_TEST_LEDGER": str(vhost.tmp / "l.db")}
-    args = ["consume", "-q", WORK, "-t", str(ORDERS), "tests.handlers:handle"]
-    result = subprocess.run(
-        [sys.executable, "-m", "rmqkit", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = user.cli(
+        "consume",
+        "-q",
+        WORK,
+        "-t",
+        str(ORDERS),
+        "tests.handlers:handle",
+        RMQKIT_TEST_LEDGER=str(vhost.tmp / "l.db"),
     )
     assert result.returncode == 77, result.stderr[-2000:]
     assert "ACCESS_REFUSED" in result.stderr and "docs/permissions.md" in result.stderr
