@@ -198,6 +198,18 @@ class ManagementClient:
         )
         return result
 
+    async def channels(self, columns: str) -> list[dict[str, Any]]:
+        """The vhost's channels (every user's with the monitoring tag, else the user's own)."""
+        result = await self.request(
+            "GET", f"/vhosts/{_q(self.vhost)}/channels?columns={columns}", ok_404=True
+        )
+        return [c for c in result or [] if isinstance(c, dict)]
+
+    async def feature_flags(self) -> list[dict[str, Any]]:
+        """``/api/feature-flags`` (the administrator tag on 3.x; any management tag on 4.x)."""
+        result = await self.request("GET", "/feature-flags")
+        return [f for f in result or [] if isinstance(f, dict)]
+
     # --- writes ------------------------------------------------------------------------
     async def put_policy(
         self, name: str, pattern: str, definition: dict[str, Any], priority: int, apply_to: str

@@ -13,6 +13,7 @@ from rmqkit.cli.topology import ViaChoice
 from rmqkit.durations import is_zero_duration
 from rmqkit.errors import UsageError
 from rmqkit.health.doctor import DoctorReport, run_doctor
+from rmqkit.health.upgrade import parse_target
 from rmqkit.topology import load_topology
 
 _TOPOLOGY_HELP = (
@@ -63,10 +64,19 @@ def doctor(
     ),
     dedupe: str | None = DEDUPE_OPT,
     replay_horizon: str | None = HORIZON_OPT,
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        metavar="VERSION",
+        help="Upgrade preflight instead of the checklist: what RabbitMQ VERSION (4.3) "
+        "refuses or changes for this vhost.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Check the vhost against the reliability checklist: dead-letter wiring, parking queues,
     unroutable and transient messages, unbounded or unconsumed queues, timeouts.
+
+    With --target 4.3: the upgrade preflight instead, what 4.3 refuses or changes here.
 
     Each finding names its check, severity, object, evidence and fix (docs/doctor.md).
     Exit codes follow the Nagios plugin convention: 0 ok · 1 warning · 2 critical.
@@ -76,6 +86,11 @@ def doctor(
     settings = settings_from(ctx)
     if replay_horizon is not None and dedupe is None:
         raise UsageError("--replay-horizon goes with --dedupe DSN")
+    upgrade_to = parse_target(target) if target is not None else None
+    if upgrade_to is not None and (dedupe is not None or handler_timeout is not None):
+        raise UsageError(
+            "--target is the upgrade preflight: it takes no --dedupe or --handler-timeout"
+        )
     spec = load_topology(topology) if topology is not None else None
     report = run_async(
         run_doctor(
@@ -86,6 +101,7 @@ def doctor(
             sample_interval_s=_sample_s(growth_sample),
             dedupe_dsn=dedupe,
             replay_horizon_s=seconds_option(replay_horizon, "--replay-horizon", days=True),
+            target=upgrade_to,
         )
     )
     if as_json:
@@ -106,7 +122,10 @@ def _summary(report: DoctorReport) -> str:
         if report.findings
         else "no problems found"
     )
-    return f"DOCTOR {label}: {detail} — vhost {report.vhost!r}, RabbitMQ {version}"
+    upgrade = (
+        "" if report.target is None else f", preflight for {'.'.join(map(str, report.target))}"
+    )
+    return f"DOCTOR {label}: {detail} — vhost {report.vhost!r}, RabbitMQ {version}{upgrade}"
 
 
 def _skipped(report: DoctorReport) -> list[str]:

@@ -21,6 +21,7 @@ from rmqkit.consumer.config import DEFAULT_HANDLER_TIMEOUT_S
 from rmqkit.errors import DataError
 from rmqkit.health.checks import CHECKS, DEDUPE_CHECK
 from rmqkit.health.checks.traffic import transient_candidates
+from rmqkit.health.checks.upgrade import UPGRADE_CHECKS
 from rmqkit.health.dedupe import read_dedupe_window
 from rmqkit.health.findings import (
     SEVERITY_RANK,
@@ -29,8 +30,10 @@ from rmqkit.health.findings import (
     DoctorInput,
     Finding,
     Severity,
+    UpgradeFacts,
 )
 from rmqkit.health.roles import Role, classify
+from rmqkit.health.upgrade import read_upgrade_facts
 from rmqkit.settings import Settings
 from rmqkit.topology import Topology
 from rmqkit.topology.desired import Via
@@ -82,6 +85,7 @@ class DoctorReport:
     broker_version: tuple[int, int, int]
     checked_at: datetime
     checks: list[CheckResult]
+    target: tuple[int, int] | None = None  # --target: an upgrade preflight for that version
 
     @property
     def findings(self) -> list[Finding]:
@@ -112,6 +116,7 @@ class DoctorReport:
         return {
             "vhost": self.vhost,
             "broker_version": ".".join(map(str, self.broker_version)),
+            "target": None if self.target is None else ".".join(map(str, self.target)),
             "checked_at": self.checked_at.isoformat(),
             "status": self.status,
             "exit_code": self.exit_code,
@@ -244,6 +249,7 @@ async def run_doctor(
     dedupe_dsn: str | None = None,
     replay_horizon_s: float | None = None,
     transient_recheck_s: float = TRANSIENT_RECHECK_S,
+    target: tuple[int, int] | None = None,
 ) -> DoctorReport:
     """Check the vhost the settings point at.
 
@@ -257,11 +263,20 @@ async def run_doctor(
     too: the store's window against the longest retry path plus ``replay_horizon_s``, the
     parking replay horizon the operator declares. A store that cannot be read is an error
     (69 unreachable, 78 not initialised), as the broker is.
+
+    With ``target`` (e.g. ``(4, 3)``) doctor is the upgrade preflight instead: what that
+    release refuses or does differently for this vhost (``checks.upgrade``), not the
+    reliability checklist.
     """
     async with management(settings) as api:
         snapshot = await read_snapshot(api)
         overview = await api.overview()
+        if target is not None:
+            work = frozenset(topology.work_queue_names()) if topology is not None else frozenset()
+            facts = await read_upgrade_facts(api, target, work)
     identity = await broker_identity(settings, overview)
+    if target is not None:
+        return _preflight(snapshot, identity, topology, facts)
     known = topology_roles(topology, snapshot) if topology is not None else None
     roles = classify(snapshot, known)
     handler_timeouts: dict[str, tuple[float, str]] = {}
@@ -300,6 +315,20 @@ async def run_doctor(
         broker_version=snapshot.version,
         checked_at=datetime.now(UTC),
         checks=[connection_check(identity, snapshot.vhost), *run_checks(inp, checks)],
+    )
+
+
+def _preflight(
+    snapshot: Snapshot, identity: BrokerIdentity, topology: Topology | None, facts: UpgradeFacts
+) -> DoctorReport:
+    known = topology_roles(topology, snapshot) if topology is not None else None
+    inp = DoctorInput(snapshot=snapshot, roles=classify(snapshot, known), upgrade=facts)
+    return DoctorReport(
+        vhost=snapshot.vhost,
+        broker_version=snapshot.version,
+        checked_at=datetime.now(UTC),
+        checks=[connection_check(identity, snapshot.vhost), *run_checks(inp, UPGRADE_CHECKS)],
+        target=facts.target,
     )
 
 

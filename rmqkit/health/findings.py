@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from rmqkit.broker.snapshot import QueueView, Snapshot
 from rmqkit.health.roles import Role
@@ -58,6 +58,20 @@ class DedupeWindow:
 
 
 @dataclass(frozen=True)
+class UpgradeFacts:
+    """What the upgrade preflight (``doctor --target``) reads beyond the snapshot; None where
+    the broker does not say or this user may not read it."""
+
+    target: tuple[int, int]  # the version the vhost is to run on, e.g. (4, 3)
+    # /api/vhosts/V/channels: name, user, prefetch_count, global_prefetch_count, consumer_count
+    channels: list[dict[str, Any]] | None = None
+    # /api/feature-flags: name → (state, stability); None: refused (administrator on 3.x)
+    feature_flags: dict[str, tuple[str, str]] | None = None
+    # work queues the topology file names (`doctor --topology`): consumed by `rmqkit consume`
+    rmqkit_queues: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class DoctorInput:
     """Everything the checks look at, fetched beforehand so the checks stay pure."""
 
@@ -73,6 +87,7 @@ class DoctorInput:
     # transient-messages: the candidates' (messages, messages_persistent) read again a stats
     # interval later; None: not read again (the first read alone decides)
     transient_reread: dict[str, tuple[int | None, int | None]] | None = None
+    upgrade: UpgradeFacts | None = None  # doctor --target: the preflight's extra reads
 
     def role(self, name: str) -> Role:
         """The role of queue ``name`` ("other" if unknown)."""
@@ -106,4 +121,5 @@ __all__ = [
     "DoctorInput",
     "Finding",
     "Severity",
+    "UpgradeFacts",
 ]
