@@ -348,6 +348,36 @@ def drain(vhost: str, queue: str) -> list[dict[str, Any]]:
     return result
 
 
+async def _drain_consumed(vhost: str, queue: str) -> list[dict[str, Any]]:
+    conn = await aio_pika.connect(with_vhost(BASE_URL, vhost))
+    out: list[dict[str, Any]] = []
+    try:
+        channel = await conn.channel()
+        source = await channel.declare_queue(queue, passive=True)
+        count = source.declaration_result.message_count or 0
+        if not count:
+            return out
+        async with source.iterator() as messages:
+            async for message in messages:
+                await message.ack()
+                headers = dict(message.headers or {})
+                out.append(
+                    {"message_id": message.message_id, "headers": headers, "body": message.body}
+                )
+                if len(out) == count:
+                    return out
+        return out
+    finally:
+        await conn.close()
+
+
+def drain_consumed(vhost: str, queue: str) -> list[dict[str, Any]]:
+    """``drain`` by basic.consume, for a single-active-consumer quorum queue (it refuses
+    basic.get: RESOURCE_LOCKED); the messages ready when it starts."""
+    result: list[dict[str, Any]] = run(asyncio.wait_for(_drain_consumed(vhost, queue), 30))
+    return result
+
+
 def cli_json_lines(*args: str, vhost: str | None = None) -> list[dict[str, Any]]:
     """Run the CLI and parse its NDJSON stdout (asserting it succeeded)."""
     import json

@@ -269,6 +269,8 @@ class Edge:
         queues = reached(self.topology, exchange, routing_key, headers)
         if self.topology is None or not queues:
             return queues, None
+        if exchange == "" and routing_key not in self.topology.model.queues:
+            return queues, None  # sent to a lane or partition queue by name: it stays there
         picked = {q: self.topology.lane_for(q, headers or {}, body_size) for q in queues}
         lanes = {q: lane for q, lane in picked.items() if lane != q}
         if not lanes:

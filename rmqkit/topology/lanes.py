@@ -142,8 +142,11 @@ def work_queues_for(
     ``routing_key`` reaches: the work queues' ``bind`` entries, exchange-to-exchange
     ``[[bindings]]`` and alternate exchanges followed; ``""`` = the queue named ``routing_key``.
 
-    A partitioned work queue is not a queue on the broker: it is reached through its binds only.
-    ``headers`` matter for headers exchanges only (without them no headers binding matches).
+    A partitioned work queue is not a queue on the broker: it is reached through its binds, or
+    through its partition exchange or one of its partitions named directly; a lane queue named
+    directly (default exchange) reaches its work queue too. So a message sent past the file's
+    exchanges still gets its work queue's encryption and default delay. ``headers`` matter for
+    headers exchanges only (without them no headers binding matches).
     """
 
     def type_of(name: str) -> str | None:
@@ -155,14 +158,22 @@ def work_queues_for(
 
     if exchange == "":
         spec = model.queues.get(routing_key)
-        return [routing_key] if spec is not None and not spec.partitions else []
+        if spec is not None:
+            return [] if spec.partitions else [routing_key]
+        parent = derived_queues(model).get(routing_key)  # a lane or partition queue
+        return [parent] if parent is not None else []
     found: list[str] = []
     seen: set[str] = set()
+    hashing = {partition_exchange(q): q for q, spec in model.queues.items() if spec.partitions}
 
     def visit(name: str) -> None:
         if name in seen:
             return
         seen.add(name)
+        if name in hashing:  # every message it takes goes to one of the queue's partitions
+            if hashing[name] not in found:
+                found.append(hashing[name])
+            return
         kind = type_of(name)
         if kind is None:
             return

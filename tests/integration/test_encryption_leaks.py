@@ -13,7 +13,9 @@ plaintext — on the real broker (and SQLite / PostgreSQL for the outbox).
   "encrypted"; array paths (``items[].card``) are encrypted;
 - a consumer without a key ring refuses an ``encrypt = true`` queue (78);
 - a lone surrogate in a sensitive field is 65 naming the line and field at publish, and an
-  envelope holding one parks ``undecryptable`` at the consumer.
+  envelope holding one parks ``undecryptable`` at the consumer;
+- a message sent past the file's exchanges (to a partition exchange, a partition or a lane queue
+  by name) is encrypted like one sent through them, and stays where it was sent.
 """
 
 from __future__ import annotations
@@ -77,6 +79,21 @@ bind = [{ exchange = "lk", routing_key = "guard" }]
 retry_delays = []
 sensitive_fields = ["tax_id"]
 encrypt = true
+
+[queues."lk.parts"]
+partitions = 2
+partition_key = "acct"
+retry_delays = []
+sensitive_fields = ["tax_id"]
+encrypt = true
+
+[queues."lk.laned"]
+bind = [{ exchange = "lk", routing_key = "laned" }]
+retry_delays = []
+sensitive_fields = ["tax_id"]
+encrypt = true
+[queues."lk.laned".lanes.vip]
+header = { tier = "vip" }
 """
 
 
@@ -318,6 +335,35 @@ def test_array_paths_are_encrypted(setup: Setup) -> None:
     assert TOKEN.encode() not in message["body"]
     items = json.loads(message["body"])["items"]
     assert is_envelope(items[0]["card"]) and is_envelope(items[2]["card"])
+
+
+@pytest.mark.parametrize(
+    ("exchange", "routing_key", "lands_in"),
+    [
+        ("lk.parts.partition", "", ("lk.parts.p0", "lk.parts.p1")),
+        ("", "lk.parts.p1", ("lk.parts.p1",)),
+        ("", "lk.laned.lane.vip", ("lk.laned.lane.vip",)),
+        # not a vip message, sent to the lane by name: it is not moved to another queue
+        ("", "lk.laned.lane.vip", ("lk.laned.lane.vip",)),
+    ],
+    ids=["partition-exchange", "partition-queue", "lane-queue", "lane-queue-no-match"],
+)
+def test_a_message_sent_past_the_files_exchanges_is_encrypted(
+    setup: Setup, exchange: str, routing_key: str, lands_in: tuple[str, ...], request: Any
+) -> None:
+    tier = "bulk" if request.node.callspec.id.endswith("no-match") else "vip"
+    body = {"tax_id": V, "n": 1}
+    args = ["publish", exchange, routing_key, "--topology", str(setup.topology)]
+    args += ["--header", "acct=a-17", "--header", f"tier={tier}", "--body", json.dumps(body)]
+    result = setup.run(*args)
+    assert result.returncode == 0, result.stderr
+    held = {queue: broker.drain_consumed(setup.vhost, queue) for queue in lands_in}
+    messages = [m for got in held.values() for m in got]
+    assert len(messages) == 1, {q: len(m) for q, m in held.items()}
+    assert TOKEN.encode() not in messages[0]["body"]
+    assert is_envelope(json.loads(messages[0]["body"])["tax_id"])
+    others = {"lk.laned", "lk.work", "lk.parts.p0", "lk.parts.p1", "lk.laned.lane.vip"}
+    assert set(broker.depths(setup.vhost, others - set(lands_in)).values()) == {0}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

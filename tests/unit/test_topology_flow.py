@@ -169,6 +169,17 @@ def test_work_queues_for_follows_binds_e2e_and_default_exchange() -> None:
     assert t.work_queues_for("unknown", "x") == []
 
 
+def test_a_publish_past_the_files_exchanges_still_reaches_its_work_queue() -> None:
+    """The partition exchange, a partition or a lane named directly: the work queue is reached,
+    so its encryption and default delay apply (they were skipped before: plaintext sent)."""
+    t = _topology()
+    assert t.work_queues_for("acct.work.partition", "") == ["acct.work"]
+    assert t.work_queues_for("", "acct.work.p3") == ["acct.work"]
+    assert t.work_queues_for("", "media.work.lane.large") == ["media.work"]
+    assert t.work_queues_for("", "acct.work.p4") == []  # no such partition
+    assert t.work_queues_for("", "media.work.lane.none") == []
+
+
 def test_work_queues_for_alternate_and_headers_and_builtin() -> None:
     t = _topology(
         '[exchanges.in]\ntype = "direct"\nalternate_exchange = "un"\n'
