@@ -20,14 +20,13 @@ from rmqkit.topology.desired import (
 )
 from rmqkit.topology.ladder import default_ladder, delay_targets
 from rmqkit.topology.model import Topology
+from rmqkit.topology.partitions import partition_hashing
 from rmqkit.topology.schema import BUILTIN_EXCHANGE_PREFIX, QueueModel
 from rmqkit.topology.summary import summarize
 
 # The weight of each partition's binding to its consistent-hash exchange (its routing key): all
 # equal, so keys spread evenly; the broker parses it as an integer.
 PARTITION_WEIGHT = "1"
-# The type of the exchange in front of the partitions (rabbitmq_consistent_hash_exchange).
-PARTITION_EXCHANGE_TYPE = "x-consistent-hash"
 
 
 def jitter_slot_delays(delay_ms: int, jitter: float, slots: int) -> list[int]:
@@ -106,13 +105,16 @@ def _work_queue_family(topology: Topology, queue: str) -> list[QueueSpec]:
     return out
 
 
-def _partition_objects(topology: Topology, name: str) -> tuple[ExchangeSpec, list[BindingSpec]]:
-    """The consistent-hash exchange of a partitioned work queue and its bindings: weight 1 to
-    each partition, and the file's ``bind`` entries re-pointed at it (exchange-to-exchange)."""
+def _partition_objects(
+    topology: Topology, name: str, broker_version: tuple[int, int, int]
+) -> tuple[ExchangeSpec, list[BindingSpec]]:
+    """The hash exchange of a partitioned work queue and its bindings: weight 1 to each
+    partition, and the file's ``bind`` entries re-pointed at it (exchange-to-exchange)."""
     spec = topology.model.queues[name]
     exchange = names.partition_exchange(name)
     bindings = [
-        # the routing key of a consistent-hash binding is the partition's weight
+        # the routing key of a consistent-hash binding is the partition's weight; the modulus
+        # hash ignores it (the same bindings serve both, so a switch re-creates none)
         BindingSpec(exchange, queue, "queue", PARTITION_WEIGHT)
         for queue in topology.partitions_of(name)
     ]
@@ -120,10 +122,8 @@ def _partition_objects(topology: Topology, name: str) -> tuple[ExchangeSpec, lis
         BindingSpec(bind.exchange, exchange, "exchange", bind.routing_key, dict(bind.arguments))
         for bind in spec.bind
     ]
-    hashing = ExchangeSpec(
-        exchange, PARTITION_EXCHANGE_TYPE, arguments={"hash-header": spec.partition_key}
-    )
-    return hashing, bindings
+    kind, arguments = partition_hashing(spec, broker_version)
+    return ExchangeSpec(exchange, kind, arguments=arguments), bindings
 
 
 def expand(
@@ -145,7 +145,8 @@ def _expand_file(
 
     A work queue with lanes becomes itself plus one work queue per lane (each with its own wait
     queues, not bound to the file's exchanges); a partitioned one becomes N single-active-
-    consumer work queues behind a consistent-hash exchange (the name itself is no queue). All
+    consumer work queues behind a hash exchange (``partition_hashing``; the name itself is no
+    queue). All
     of them dead-letter to the work queue's one parking queue. A queue with a ``delay`` brings
     in the default delay ladder (rmqkit.topology.ladder).
     """
@@ -183,7 +184,7 @@ def _expand_file(
                 parking_settings["delivery-limit"] = -1
             queues.append(QueueSpec(parking, "parking", name, parking_settings))
         if spec.partitions:
-            hashing, hash_bindings = _partition_objects(topology, name)
+            hashing, hash_bindings = _partition_objects(topology, name, broker_version)
             exchanges.append(hashing)
             bindings.extend(hash_bindings)
             continue
@@ -216,7 +217,10 @@ def _expand_file(
         policies=policies,
         via=via,
         policy_priority=model.policy_priority,
-        work_queues=[summarize(topology, name) for name in model.queues],
+        work_queues=[
+            summarize(topology, name, partition_hashing(spec, broker_version)[0])
+            for name, spec in model.queues.items()
+        ],
     )
 
 

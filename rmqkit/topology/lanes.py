@@ -214,11 +214,14 @@ def flow_problems(model: TopologyModel) -> list[tuple[tuple[int | str, ...], str
     taken = set(model.queues) | set(model.exchanges)
     for name, spec in model.queues.items():
         loc: tuple[int | str, ...] = ("queues", name)
-        if (spec.partitions is None) != (spec.partition_key is None):
+        if spec.partition_by == "routing_key":
+            problems += _routing_key_partition_problems(model, loc, spec)
+        elif (spec.partitions is None) != (spec.partition_key is None):
             problems.append(
                 (
                     (*loc, "partitions" if spec.partitions is None else "partition_key"),
-                    "partitions = N and partition_key = HEADER go together",
+                    "partitions = N and partition_key = HEADER go together (or partitions = N "
+                    'with partition_by = "routing_key")',
                 )
             )
         if spec.partition_key is not None and not spec.partition_key.strip():
@@ -256,4 +259,40 @@ def flow_problems(model: TopologyModel) -> list[tuple[tuple[int | str, ...], str
                     ((*loc, "partitions"), f"the partition exchange {exchange!r} clashes")
                 )
             taken.add(exchange)
+    return problems
+
+
+def _routing_key_partition_problems(
+    model: TopologyModel, loc: tuple[int | str, ...], spec: QueueModel
+) -> list[tuple[tuple[int | str, ...], str]]:
+    """``partition_by = "routing_key"``: the routing key is the key, so no header is named, and
+    no ``bind`` entry may give every message it takes one routing key (a direct binding, or a
+    topic pattern without a wildcard): all of them would land in one partition."""
+    problems: list[tuple[tuple[int | str, ...], str]] = []
+    if spec.partitions is None:
+        problems.append(
+            ((*loc, "partition_by"), 'partition_by = "routing_key" needs partitions = N')
+        )
+    if spec.partition_key is not None:
+        problems.append(
+            (
+                (*loc, "partition_key"),
+                'partition_by = "routing_key" hashes the routing key: drop partition_key (or '
+                'use partition_by = "header" to hash that header)',
+            )
+        )
+    for index, bind in enumerate(spec.bind):
+        declared = model.exchanges.get(bind.exchange)
+        kind = declared.type if declared is not None else BUILTIN_TYPES.get(bind.exchange)
+        fixed = "*" not in bind.routing_key and "#" not in bind.routing_key
+        if kind == "direct" or (kind == "topic" and fixed):
+            problems.append(
+                (
+                    (*loc, "bind", index),
+                    f"every message this binding takes has routing key {bind.routing_key!r}, "
+                    "so all of them would land in one partition: bind with a topic pattern "
+                    '(e.g. "account.#"), a fanout or headers exchange, or publish to the '
+                    "partition exchange with the key as routing key",
+                )
+            )
     return problems

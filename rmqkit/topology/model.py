@@ -70,6 +70,7 @@ class Topology:
             "lanes": {},
             "partitions": None,
             "partition_key": None,
+            "partition_by": "header",
             "bind": [],
         }
         lane = name.removeprefix(names.lane_queue(parent, ""))
@@ -105,7 +106,7 @@ class Topology:
         return [names.partition_queue(work_queue, i) for i in range(count)]
 
     def partition_exchange(self, work_queue: str) -> str | None:
-        """The consistent-hash exchange of a partitioned work queue (None if not partitioned)."""
+        """The hash exchange of a partitioned work queue (None if not partitioned)."""
         if not self.model.queues[work_queue].partitions:
             return None
         return names.partition_exchange(work_queue)

@@ -37,6 +37,7 @@ from rmqkit.topology.live import (
     queue_settings,
 )
 from rmqkit.topology.orphans import find_orphans
+from rmqkit.topology.partitions import CONSISTENT_HASH, MODULUS_HASH, keep_live_hashing
 from rmqkit.topology.permissions import permission_changes, read_permissions
 
 # Exchange types that come with a plugin: a missing one is named in the conflict's fix.
@@ -52,13 +53,19 @@ def _exchange_change(
 ) -> Change:
     if live is None and types is not None and spec.type not in types:
         plugin = PLUGINS.get(spec.type)
+        fix = f"rabbitmq-plugins enable {plugin}" if plugin else "use a type the broker offers"
+        if spec.type == CONSISTENT_HASH and MODULUS_HASH in types:
+            fix += (
+                ', or partition by the routing key (partition_by = "routing_key": '
+                f"{MODULUS_HASH}, built in)"
+            )
         return Change(
             "exchange",
             spec.name,
             "conflict",
             f"exchange type {spec.type} is not available on this broker"
             + (f" (plugin {plugin} is not enabled)" if plugin else ""),
-            f"rabbitmq-plugins enable {plugin}" if plugin else "use a type the broker offers",
+            fix,
         )
     if live is None:
         return Change("exchange", spec.name, "create", f"type {spec.type}")
@@ -273,6 +280,7 @@ def _binding_key(
 def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: str) -> Plan:
     """Compare ``desired`` with ``live``; pure, so it can be tested without a broker."""
     changes: list[Change] = []
+    desired = keep_live_hashing(desired, live.exchanges)
     exchange_names = set(live.exchanges) | {e.name for e in desired.exchanges}
     for exchange in desired.exchanges:
         changes.append(

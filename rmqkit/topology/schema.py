@@ -184,10 +184,13 @@ class QueueModel(_Strict):
     blind_index: list[str] = Field(default_factory=list)
     # The delay publish / outbox.add apply by default to messages routed here (delay ladder).
     delay: DelayMs = None
-    # Lanes (file order = match order), a single active consumer, or N partitions by a header.
+    # Lanes (file order = match order), a single active consumer, or N partitions by a header
+    # (partition_key) or by the routing key (partition_by = "routing_key": x-modulus-hash, built
+    # into RabbitMQ from 4.3, so no plugin there).
     lanes: dict[str, LaneModel] = Field(default_factory=dict)
     single_active_consumer: StrictBool = False
     partitions: int | None = Field(default=None, ge=2, le=MAX_PARTITIONS)
+    partition_by: Literal["header", "routing_key"] = "header"
     partition_key: str | None = None
 
 

@@ -24,8 +24,10 @@ class WorkQueueSummary:
     parking: str
     lanes: tuple[tuple[str, str, str], ...] = ()  # (lane, queue, what it takes)
     partitions: tuple[str, ...] = ()
-    partition_key: str | None = None
+    partition_key: str | None = None  # the header hashed (None: the routing key)
     partition_exchange: str | None = None
+    partition_exchange_type: str | None = None  # x-consistent-hash or x-modulus-hash
+    partition_note: str = ""  # why the broker's exchange type is kept, if it is not the file's
     single_active_consumer: bool = False
     delay_ms: int | None = None
     encrypt: tuple[str, ...] = ()  # the fields encrypted at the edge ((): none)
@@ -52,10 +54,13 @@ class WorkQueueSummary:
             shown = ", ".join(f"{queue} ({what})" for _, queue, what in self.lanes)
             parts.append(f"lanes {shown}, else {self.name}")
         if self.partitions:
+            by = f"header {self.partition_key}" if self.partition_key else "the routing key"
+            kind = self.partition_exchange_type or ""
+            if self.partition_note:
+                kind += f", {self.partition_note}"
             parts.append(
                 f"{len(self.partitions)} partitions {self.partitions[0]}…{self.partitions[-1]} "
-                f"by header {self.partition_key} through {self.partition_exchange} "
-                "(one active consumer each)"
+                f"by {by} through {self.partition_exchange} ({kind}; one active consumer each)"
             )
         elif self.single_active_consumer:
             parts.append("single active consumer")
@@ -80,6 +85,8 @@ class WorkQueueSummary:
             "partitions": list(self.partitions),
             "partition_key": self.partition_key,
             "partition_exchange": self.partition_exchange,
+            "partition_exchange_type": self.partition_exchange_type,
+            "partition_note": self.partition_note,
             "single_active_consumer": self.single_active_consumer,
             "delay_ms": self.delay_ms,
             "encrypt": list(self.encrypt),
@@ -94,9 +101,11 @@ def _takes(header: dict[str, Any], body_over: int | None) -> str:
     return " and ".join(tests)
 
 
-def summarize(topology: Topology, name: str) -> WorkQueueSummary:
-    """The summary of work queue ``name`` (as named in the file)."""
+def summarize(topology: Topology, name: str, partition_type: str | None = None) -> WorkQueueSummary:
+    """The summary of work queue ``name`` (as named in the file); ``partition_type``: the type
+    of its partition exchange on the broker at hand, if it is partitioned."""
     spec = topology.model.queues[name]
+    partitioned = bool(spec.partitions)
     return WorkQueueSummary(
         name=name,
         retry_delays_ms=tuple(spec.retry_delays),
@@ -115,6 +124,7 @@ def summarize(topology: Topology, name: str) -> WorkQueueSummary:
         partitions=tuple(topology.partitions_of(name)),
         partition_key=spec.partition_key,
         partition_exchange=topology.partition_exchange(name),
+        partition_exchange_type=partition_type if partitioned else None,
         single_active_consumer=spec.single_active_consumer,
         delay_ms=spec.delay,
         encrypt=tuple(spec.sensitive_fields) if spec.encrypt else (),

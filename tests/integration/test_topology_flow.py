@@ -132,7 +132,7 @@ def test_second_declare_changes_nothing_and_plan_states_the_flow(
     )
     assert (
         "4 partitions accounts.work.p0…accounts.work.p3 by header account_id through "
-        "accounts.work.partition (one active consumer each)" in out
+        "accounts.work.partition (x-consistent-hash; one active consumer each)" in out
     )
     assert "ledger.work: retries 5s, max_attempts 5" in out
     assert "single active consumer; default delay 30s (delay ladder)" in out
@@ -248,10 +248,10 @@ def test_declare_without_the_plugin_is_one_line_and_changes_nothing(
     from rmqkit.errors import TopologyConflict
     from rmqkit.settings import load_settings, with_vhost
     from rmqkit.topology import declare_topology, parse_topology
-    from rmqkit.topology import expand as expand_module
+    from rmqkit.topology import partitions as partitions_module
     from rmqkit.topology import plan as plan_module
 
-    monkeypatch.setattr(expand_module, "PARTITION_EXCHANGE_TYPE", "x-rmqkit-missing")
+    monkeypatch.setattr(partitions_module, "CONSISTENT_HASH", "x-rmqkit-missing")
     monkeypatch.setitem(plan_module.PLUGINS, "x-rmqkit-missing", "rabbitmq_missing_plugin")
     topology = parse_topology(
         '[exchanges.accounts]\n[queues."a.work"]\n'
