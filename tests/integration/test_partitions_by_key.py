@@ -139,3 +139,23 @@ def test_an_older_brokers_consistent_hash_exchange_is_kept_on_4_3(
     assert sum(spread.values()) == 1000 and all(spread.values()), spread
     for name in _parts(work):
         broker.api("DELETE", f"/queues/{broker.q(vhost)}/{broker.q(name)}/contents")
+
+
+def test_a_delayed_message_lands_in_its_keys_partition(vhost: str, tmp_path: Path) -> None:
+    """Through the delay ladder the routing key is kept: the delayed copy of a key goes to the
+    partition its undelayed messages go to (never to another, never unroutable)."""
+    work = "pk.delayed"
+    path = _file(tmp_path, work)
+    declared = broker.cli("declare", path, vhost=vhost, timeout=120)
+    assert declared.returncode == 0, declared.stderr
+    broker.publish_with_ids(vhost, "pk.accounts", "account.5", [(uuid.uuid4().hex, b"{}")])
+    [home] = [n for n, d in broker.depths(vhost, _parts(work)).items() if d]
+    sent = broker.cli(
+        "publish", "pk.accounts", "account.5", "--topology", path, "--delay", "300ms",
+        "--body", "{}", vhost=vhost, timeout=120,
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    assert broker.wait_for(lambda: broker.depths(vhost, [home])[home] == 2, timeout_s=20)
+    held = broker.depths(vhost, _parts(work))
+    assert {n: d for n, d in held.items() if d} == {home: 2}, held
+    broker.api("DELETE", f"/queues/{broker.q(vhost)}/{broker.q(home)}/contents")
