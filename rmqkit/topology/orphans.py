@@ -9,6 +9,7 @@ from typing import Any
 from rmqkit.names import PARTITION_EXCHANGE_SUFFIX, is_derived_suffix, is_flow_member
 from rmqkit.topology.desired import POLICY_PREFIX, DesiredState
 from rmqkit.topology.live import Change, LiveState, queue_settings
+from rmqkit.topology.partitions import CONSISTENT_HASH, MODULUS_HASH
 
 
 def _family_owner(name: str, roots: set[str]) -> str | None:
@@ -100,7 +101,7 @@ def find_orphans(desired: DesiredState, live: LiveState, vhost: str) -> list[Cha
             owner in roots
             and name != owner
             and name not in wanted_exchanges
-            and exchange.get("type") == "x-consistent-hash"
+            and exchange.get("type") in (CONSISTENT_HASH, MODULUS_HASH)
         ):
             out.append(
                 Change(

@@ -155,3 +155,17 @@ def test_fanout_and_headers_binds_are_fine_by_routing_key() -> None:
         '  { exchange = "h", arguments = { "x-match" = "any", k = "1" } },\n]\n'
     )
     parse_topology(text, "t.toml")
+
+
+def test_a_modulus_hash_exchange_left_by_a_queue_no_longer_partitioned_is_an_orphan() -> None:
+    live = LiveState(
+        queues={},
+        exchanges={"acct.work.partition": _exchange("acct.work.partition", "x-modulus-hash")},
+        bindings=[],
+        policies={},
+        exchange_types=frozenset(BUILTIN),
+    )
+    desired = expand(parse_topology('[queues."acct.work"]\n', "t.toml"), broker_version=V43)
+    plan = compute_plan(desired, live, source="t.toml", vhost="/")
+    [orphan] = [c for c in plan.changes if c.name == "acct.work.partition"]
+    assert orphan.action == "orphan" and "not partitioned now" in orphan.detail
