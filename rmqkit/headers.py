@@ -63,6 +63,9 @@ PARK_REASON: Final = "rmqkit-park-reason"
 """str: a ParkingReason value."""
 TRACEBACK: Final = "rmqkit-traceback"
 """str: the last error's traceback, its last TRACEBACK_MAX_CHARS characters."""
+FINGERPRINT: Final = "rmqkit-fingerprint"
+"""str: the failure's fingerprint id (rmqkit.fingerprint): messages that failed the same
+way share it (``rmqkit parking groups``)."""
 
 # --- written by ``rmqkit parking replay`` ---------------------------------------------------------
 REPLAY_COUNT: Final = "rmqkit-replay-count"
@@ -106,6 +109,7 @@ ALL_HEADERS: Final = frozenset(
         RETRY_DELAY_MS,
         PARK_REASON,
         TRACEBACK,
+        FINGERPRINT,
         REPLAY_COUNT,
         REPLAYED_AT,
         DELAY_TOP,

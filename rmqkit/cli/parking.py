@@ -1,14 +1,15 @@
-"""`rmqkit parking list | show | stats | replay | purge | export | import`.
+"""`rmqkit parking list | show | stats | groups | replay | purge | export | import`.
 
-The group only: the reading commands live in ``parking_inspect``, the ones that move messages
-in ``parking_move``, the options they share (one definition) in ``parking_options``.
+The group only: the reading commands live in ``parking_inspect`` (``groups`` in
+``parking_groups``), the ones that move messages in ``parking_move``, the options they share
+(one definition) in ``parking_options``.
 """
 
 from __future__ import annotations
 
 import typer
 
-from rmqkit.cli import parking_inspect, parking_move
+from rmqkit.cli import parking_groups, parking_inspect, parking_move
 
 app = typer.Typer(
     help="Inspect, replay, purge, export and import parked messages (never losing any).",
@@ -18,6 +19,7 @@ app = typer.Typer(
 app.command("list")(parking_inspect.list_cmd)
 app.command("show")(parking_inspect.show_cmd)
 app.command("stats")(parking_inspect.stats_cmd)
+app.command("groups")(parking_groups.groups_cmd)
 app.command("replay")(parking_move.replay_cmd)
 app.command("purge")(parking_move.purge_cmd)
 app.command("export")(parking_move.export_cmd)

@@ -8,9 +8,11 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -55,6 +57,15 @@ NEWER_OPT = typer.Option(None, "--newer-than", help="Last failure newer than, e.
 HEADER_OPT = typer.Option([], "--header", help="Header equals value: K=V (repeatable).")
 ID_OPT = typer.Option([], "--id", help="message_id (repeatable).")
 GREP_OPT = typer.Option(None, "--grep", help="Body contains this text.")
+GROUP_OPT = typer.Option(
+    None, "--group", help="Failure group (`parking groups`): its id, or a prefix of it."
+)
+SINCE_OPT = typer.Option(
+    None, "--since", help="Parked at or after: an ISO time (2026-12-01T09:00Z) or an age (2h)."
+)
+UNTIL_OPT = typer.Option(
+    None, "--until", help="Parked before: an ISO time (2026-12-01T18:00Z) or an age (30m)."
+)
 MATCH_OPT = typer.Option(
     [],
     "--match",
@@ -113,6 +124,9 @@ def parked_filter(
     grep: str | None,
     match: list[str] = [],  # noqa: B006 - never mutated
     keyring: KeyRing | None = None,
+    group: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
 ) -> ParkedFilter:
     """The filter the options describe; an unknown ``--reason``, a bad ``--header`` or age is a
     usage error (exit 64), and so is a bad ``--match``."""
@@ -138,7 +152,37 @@ def parked_filter(
         ids=frozenset(ids),
         grep=grep.encode() if grep else None,
         match=tuple(_matcher(spec, keyring) for spec in match),
+        group=_group(group),
+        since=moment_option(since, "--since"),
+        until=moment_option(until, "--until"),
     )
+
+
+def _group(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not re.fullmatch(r"[0-9a-fA-F]{1,12}", value):
+        raise UsageError(f"--group wants a group id from `parking groups` (hex), got {value!r}")
+    return value.lower()
+
+
+def moment_option(value: str | None, option: str) -> datetime | None:
+    """``value`` as a moment: an ISO-8601 time (UTC when it names no zone; a date is its
+    midnight) or an age (``2h``: that long ago). A usage error (64) otherwise."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        try:
+            seconds = seconds_option(text, option)
+        except UsageError:
+            raise UsageError(
+                f"{option} wants an ISO time (2026-12-01T09:00Z) or an age (2h), got {value!r}"
+            ) from None
+        return datetime.now(UTC) - timedelta(seconds=seconds or 0.0)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _matcher(spec: str, keyring: KeyRing | None) -> Matcher:
@@ -158,6 +202,9 @@ _FILTER_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("ids", list[str], ID_OPT),
     ("grep", str | None, GREP_OPT),
     ("match", list[str], MATCH_OPT),
+    ("group", str | None, GROUP_OPT),
+    ("since", str | None, SINCE_OPT),
+    ("until", str | None, UNTIL_OPT),
 )
 _QUEUE_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("queue", str | None, QUEUE_ARG),

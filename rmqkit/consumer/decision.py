@@ -18,8 +18,8 @@ Header policy of the copies (names in rmqkit.headers, described in docs/headers.
 * the last error (type under its public name, rmqkit.headers.public_type_name; bounded
   message), LAST_FAILED_AT, HOST and PID describe the latest failure
   on retries and parks alike, so an operator can see why a message is waiting;
-* a retry copy drops PARK_REASON and TRACEBACK left over from an earlier parking (after a replay),
-  so its headers never mix two failures; a parked copy gets both.
+* a retry copy drops PARK_REASON, TRACEBACK and FINGERPRINT left over from an earlier parking
+  (after a replay), so its headers never mix two failures; a parked copy gets all three.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from rmqkit.consumer.outcomes import (
 from rmqkit.consumer.policy import QueuePolicy
 from rmqkit.deaths import DeathEvent, DeathReason, read_x_death
 from rmqkit.delay import delivered_route
+from rmqkit.fingerprint import fingerprint
 
 # --- decisions -----------------------------------------------------------------------------------
 
@@ -240,6 +241,7 @@ class _CopyContext:
         copy = self._failure_headers(error)
         copy.pop(h.PARK_REASON, None)
         copy.pop(h.TRACEBACK, None)
+        copy.pop(h.FINGERPRINT, None)
         copy[h.RETRY_TIER] = tier
         copy[h.RETRY_DELAY_MS] = delay_ms
         return RetryLater(
@@ -258,6 +260,10 @@ class _CopyContext:
             copy[h.TRACEBACK] = h.truncate_traceback(text)
         else:
             copy.pop(h.TRACEBACK, None)
+        # from the values as stored, so a view computing it again from them gets the same id
+        copy[h.FINGERPRINT] = fingerprint(
+            reason.value, error.type, copy[h.ERROR_MESSAGE], copy.get(h.TRACEBACK)
+        ).id
         return Park(target_queue=self.policy.parking_queue, headers=copy, reason=reason)
 
     def _failure_headers(self, error: _Error) -> dict[str, Any]:

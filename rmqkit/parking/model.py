@@ -6,7 +6,7 @@ import contextlib
 import fnmatch
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,6 +14,7 @@ from rmqkit import headers as h
 from rmqkit.broker.codec import Properties
 from rmqkit.crypto import KeyRing, Matcher, decrypt_fields, redact_fields
 from rmqkit.deaths import DeathReason, read_death_history
+from rmqkit.fingerprint import Fingerprint, fingerprint
 
 REDACTED = "***"
 
@@ -154,6 +155,33 @@ class ParkedMessage:
     @property
     def size(self) -> int:
         return len(self.body)
+
+    def _own_parking(self) -> bool:
+        """rmqkit's parking headers describe the newest death (not the broker's, after)."""
+        return bool(self.error_type) and _text(self.headers.get(h.PARK_REASON)) == self.reason
+
+    @property
+    def failure_id(self) -> str:
+        """The id of how this message failed: the consumer's ``rmqkit-fingerprint`` when its
+        parking is the newest death, else ``failure().id`` (cheap when the header is there)."""
+        stored = _text(self.headers.get(h.FINGERPRINT)) if self._own_parking() else None
+        return stored or self.failure().id
+
+    def failure(self) -> Fingerprint:
+        """How this message failed (rmqkit.fingerprint), with ``failure_id`` as its id;
+        computed from the reason and error shown (a broker's death carries no error or
+        traceback of the application's)."""
+        own = self._own_parking()
+        traceback = _text(self.headers.get(h.TRACEBACK)) if own else None
+        computed = fingerprint(self.reason, self.error_type, self.error_message, traceback)
+        stored = _text(self.headers.get(h.FINGERPRINT)) if own else None
+        return replace(computed, id=stored) if stored else computed
+
+    @property
+    def replays(self) -> int:
+        """How many times it was replayed out of parking (``rmqkit-replay-count``)."""
+        count = self.headers.get(h.REPLAY_COUNT)
+        return count if isinstance(count, int) and count > 0 else 0
 
     def age_s(self, now: datetime) -> float | None:
         moment = self.last_failed_at
@@ -347,6 +375,9 @@ class ParkedFilter:
     grep: bytes | None = None
     # --match FIELD=VALUE: blind-index equality on encrypted fields, nothing decrypted
     match: tuple[Matcher, ...] = ()
+    group: str | None = None  # a fingerprint id, or a prefix of one (parking groups)
+    since: datetime | None = None  # parked (last failure) at or after
+    until: datetime | None = None  # parked before
     looked_at: set[tuple[str | None, str | None]] = field(
         default_factory=set, compare=False, repr=False
     )
@@ -380,5 +411,15 @@ class ParkedFilter:
             if have is None or str(json_safe(have)) != wanted:
                 return False
         if self.grep is not None and self.grep not in message.body:
+            return False
+        if self.since is not None or self.until is not None:
+            parked = message.last_failed_at
+            if parked is None:
+                return False
+            if self.since is not None and parked < self.since:
+                return False
+            if self.until is not None and parked >= self.until:
+                return False
+        if self.group is not None and not message.failure_id.startswith(self.group.lower()):
             return False
         return all(m.matches(message.body) for m in self.match)

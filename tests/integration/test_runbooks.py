@@ -219,6 +219,7 @@ def test_replay_after_fix(declared: str, runbook: Callable[[str], Runbook]) -> N
     _park(declared, fixed, "myapp.errors.PriceMissing", "order has no price")
     _park(declared, ["card-0", "card-1", "card-2"], "myapp.errors.CardDeclined", "declined")
     book = runbook("replay-after-fix.md")
+    book.run("groups")
     book.run("dry-run")
     assert _depth(declared, WORK) == 0
     book.run("canary")

@@ -32,6 +32,7 @@ from rmqkit.consumer.decision import (
     qualified_type_name,
 )
 from rmqkit.consumer.policy import QueuePolicy
+from rmqkit.fingerprint import fingerprint
 
 NOW = datetime(2026, 11, 29, 16, 0, 0, 123_456, tzinfo=UTC)
 NOW_TEXT = "2026-11-29T16:00:00.123Z"
@@ -448,6 +449,9 @@ def test_park_headers_are_complete() -> None:
         h.HOST: "worker-1",
         h.PID: 4242,
         h.DELIVERED: 1,
+        h.FINGERPRINT: fingerprint(
+            "permanent", "myapp.errors.BadInput", "field 'total' is negative", "Traceback...\n"
+        ).id,
     }
 
 
