@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from rmqkit.cli.common import confirm, run_async, settings_from
+from rmqkit.cli.common import confirm, run_async, seconds_option, settings_from
 from rmqkit.cli.completion import complete_queue
 from rmqkit.cli.keyring_settings import require_keyring
 from rmqkit.cli.parking_options import (
@@ -48,6 +48,18 @@ def replay_cmd(
     ),
     rate: float | None = typer.Option(None, "--rate", min=0.01, help="Messages per second."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Replay at most N."),
+    batch: int | None = typer.Option(
+        None, "--batch", min=1, help="In waves of N: each confirmed, then --pause."
+    ),
+    pause: str | None = typer.Option(
+        None, "--pause", help="With --batch: the wait between waves, e.g. 30s."
+    ),
+    max_replays: int | None = typer.Option(
+        None,
+        "--max-replays",
+        min=1,
+        help="Leave parked (held back) the messages already replayed this many times.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, change nothing."),
     as_json: bool = typer.Option(
         False,
@@ -58,6 +70,9 @@ def replay_cmd(
     """Send parked messages back to the queue they failed in, each acked only after the
     broker confirmed its copy. Attempts start afresh; the failure history is kept.
     Exit 3 if some could not be replayed (they stay parked). Safe to interrupt and rerun."""
+    if pause is not None and batch is None:
+        raise UsageError("--pause needs --batch N (the size of a wave)")
+    pause_s = seconds_option(pause, "--pause") or 0.0
     settings = settings_from(ctx)
     progress, update = progress_bar("replaying")
     report = ReplayReport()
@@ -74,9 +89,12 @@ def replay_cmd(
                 limit=limit,
                 progress=update,
                 report=report,
+                max_replays=max_replays,
+                batch=batch,
+                pause_s=pause_s,
             )
         )
-    explain_no_match(sel, report.selected)
+    explain_no_match(sel, report.selected + report.held_back)
     if as_json:  # only JSON on stdout: a dry run's plan goes in it
         document = {**report.as_dict(), "dry_run": dry_run}
         if dry_run:
@@ -94,7 +112,12 @@ def replay_cmd(
         count = len(report.plan) if dry_run else report.replayed
         stderr.print(
             f"{verb} {count} of {report.selected} selected; returned {report.returned}, "
-            f"failed {report.failed}, skipped {report.skipped}",
+            f"failed {report.failed}, skipped {report.skipped}"
+            + (
+                f"; held back {report.held_back} (replayed {max_replays} times already)"
+                if report.held_back
+                else ""
+            ),
             highlight=False,
         )
         _print_problems(report.problems)

@@ -28,6 +28,7 @@ class ReplayReport:
     returned: int = 0  # unroutable: no queue took it; it stays parked
     failed: int = 0  # nacked by the broker (e.g. a full target); it stays parked
     skipped: int = 0  # no target known (see replay_target); it stays parked
+    held_back: int = 0  # matched, but replayed max_replays times already: left parked
     plan: list[tuple[str | None, str, str]] = field(default_factory=list)  # dry run targets
     problems: Counter[str] = field(default_factory=Counter)
     queue_total: int = 0  # messages ready in the parking queue when the replay started
@@ -44,6 +45,7 @@ class ReplayReport:
             "returned": self.returned,
             "failed": self.failed,
             "skipped": self.skipped,
+            "held_back": self.held_back,
             "problems": dict(self.problems),
         }
 
@@ -108,8 +110,17 @@ async def replay_parked(
     limit: int | None = None,
     progress: Progress | None = None,
     report: ReplayReport | None = None,
+    max_replays: int | None = None,
+    batch: int | None = None,
+    pause_s: float = 0.0,
 ) -> ReplayReport:
     """Send matching parked messages back where they failed, each acked after its confirm.
+
+    ``rate``: messages per second at most. ``batch``/``pause_s``: after every ``batch``
+    replayed, wait until their copies are confirmed, then ``pause_s`` (a downstream that needs
+    a breather between waves). ``max_replays``: a message already replayed that many times is
+    left parked and counted as ``held_back`` (its fix did not work; not selected, so not a
+    partial replay).
 
     A crash at any moment leaves each message parked, in its target, or (within the confirm
     window) in both: never in neither. Running the replay again continues with what is left.
@@ -129,6 +140,7 @@ async def replay_parked(
         total = report.queue_total = await ready_count(session)
         channel = await session.amqp.channel(confirms=True, window=PUBLISH_WINDOW)
         publisher = channel.publisher
+        wave: list[asyncio.Future[Outcome]] = []
 
         def count(exchange: str, key: str, settled: asyncio.Future[Outcome]) -> None:
             outcome = outcome_of(settled)
@@ -151,6 +163,9 @@ async def replay_parked(
                 progress(report.seen, total)
             if not flt.matches(message, now):
                 return Verdict.KEEP
+            if max_replays is not None and message.replays >= max_replays:
+                report.held_back += 1
+                return Verdict.KEEP
             if limit is not None and report.selected >= limit:
                 return Verdict.STOP
             report.selected += 1
@@ -163,6 +178,13 @@ async def replay_parked(
             if dry_run:
                 report.plan.append((message.message_id, exchange, key))
                 return Verdict.KEEP
+            if batch and len(wave) >= batch:
+                # the wave's copies confirmed (or not) before the pause: the pause is real
+                await asyncio.wait(wave)
+                wave.clear()
+                if pause_s:
+                    await asyncio.sleep(pause_s)
+                next_at = time.monotonic()
             if interval:
                 delay = next_at - time.monotonic()
                 if delay > 0:
@@ -178,6 +200,8 @@ async def replay_parked(
                 report.problems[f"publish failed: {type(exc).__name__}"] += 1
                 return Verdict.STOP
             settled.add_done_callback(functools.partial(count, exchange, key))
+            if batch:
+                wave.append(settled)
             return settled
 
         try:

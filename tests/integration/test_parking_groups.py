@@ -6,6 +6,7 @@ window; a replayed message that fails again is shown as "failed again after repl
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import uuid
@@ -13,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 
 import rmqkit
@@ -154,5 +156,81 @@ def test_three_failures_make_three_groups_and_a_group_replays_within_a_window(
     again = _cli_json(vhost, "parking", "groups", PARKING, "--json", "--group", refunds)
     [group] = again["groups"]
     assert group["failed_after_replay"] == len(wanted)
-    assert group["count"] == len({m for m, s in step_of.items() if s == "refund"})
+    every_refund = {m for m, s in step_of.items() if s == "refund"}
+    assert group["count"] == len(every_refund)
+
+    # --max-replays 1: the ones replayed once already are held back, the others go
+    held = _cli_json(
+        vhost, "parking", "replay", PARKING, "--group", refunds, "--max-replays", "1", "--json"
+    )
+    assert (held["replayed"], held["held_back"]) == (len(every_refund - wanted), len(wanted))
+    moved = {str(m["message_id"]) for m in broker.drain(vhost, WORK)}
+    assert moved == every_refund - wanted
+    assert _ids(vhost, "--group", refunds) == wanted
     broker.api("DELETE", f"/queues/{broker.q(vhost)}/{broker.q(PARKING)}/contents")
+
+
+async def _arrivals(vhost: str, queue: str, count: int) -> list[float]:
+    """The monotonic times at which ``count`` messages arrive in ``queue`` (consumed, acked)."""
+    conn = await aio_pika.connect(broker.with_vhost(broker.BASE_URL, vhost))
+    seen: list[float] = []
+    try:
+        channel = await conn.channel()
+        await channel.set_qos(prefetch_count=100)
+        source = await channel.get_queue(queue, ensure=False)
+        async with source.iterator() as messages:
+            async for message in messages:
+                seen.append(time.monotonic())
+                await message.ack()
+                if len(seen) == count:
+                    break
+    finally:
+        await conn.close()
+    return seen
+
+
+def _park_direct(vhost: str, count: int) -> list[str]:
+    """``count`` messages in the parking queue as the consumer parks them (one failure)."""
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    headers = {
+        "rmqkit-park-reason": "exhausted",
+        "rmqkit-error-type": "ValueError",
+        "rmqkit-error-message": "refund of 1 exceeds 2",
+        "rmqkit-origin-queue": WORK,
+        "rmqkit-last-failed-at": now,
+        "rmqkit-attempt": 1,
+    }
+    messages = [(uuid.uuid4().hex, b"{}") for _ in range(count)]
+    broker.publish_with_ids(vhost, "", PARKING, messages, headers=lambda _: headers)
+    return [m for m, _ in messages]
+
+
+@pytest.mark.timing
+def test_a_group_replays_at_the_rate_asked_and_in_waves(vhost: str, tmp_path: Path) -> None:
+    """--rate 20: the copies arrive at 20/s (within 20%); --batch 10 --pause 1s: four waves
+    of ten, a pause of at least a second between them."""
+    spec = tmp_path / "grp.toml"
+    spec.write_text(TOPOLOGY, encoding="utf-8")
+    broker.run(declare_topology(broker.settings_for(vhost), load_topology(spec)))
+    broker.api("DELETE", f"/queues/{broker.q(vhost)}/{broker.q(PARKING)}/contents")
+    broker.api("DELETE", f"/queues/{broker.q(vhost)}/{broker.q(WORK)}/contents")
+
+    ids = _park_direct(vhost, 41)
+
+    async def replay_and_watch(*args: str) -> list[float]:
+        watch = asyncio.create_task(_arrivals(vhost, WORK, len(ids)))
+        done = await asyncio.to_thread(
+            broker.cli, "parking", "replay", PARKING, *args, vhost=vhost, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return await asyncio.wait_for(watch, 60)
+
+    times = broker.run(replay_and_watch("--rate", "20"))
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    assert 16 <= rate <= 24, rate
+
+    ids = _park_direct(vhost, 40)
+    times = broker.run(replay_and_watch("--batch", "10", "--pause", "1s"))
+    gaps = sorted((b - a for a, b in itertools.pairwise(times)), reverse=True)
+    assert min(gaps[:3]) >= 0.95, gaps[:4]  # the three pauses between four waves
+    assert gaps[3] < 0.5, gaps[:4]  # and none within a wave
