@@ -57,14 +57,25 @@ def attempts_made(
 
 
 def attempt_number(
-    headers: Mapping[str, Any] | None, queue: str, *, wait_queues: Collection[str] = ()
+    headers: Mapping[str, Any] | None,
+    queue: str,
+    *,
+    wait_queues: Collection[str] = (),
+    broker_retry: bool = False,
 ) -> int:
     """1-based number of the current delivery of a message consumed from ``queue``.
 
     ``wait_queues``: the names of ``queue``'s wait (jitter slot) queues, used as a lower bound (see
-    the module docstring); never lower than ATTEMPT + 1.
+    the module docstring); never lower than ATTEMPT + 1. ``broker_retry``: the queue retries
+    through the broker's delayed retry, so a retry is a return the broker counts: its
+    ``x-delivery-count`` adds to the attempts (a crash's return too: there is no other count a
+    requeued message carries).
     """
-    return attempts_made(headers, queue, wait_queues=wait_queues) + 1
+    made = attempts_made(headers, queue, wait_queues=wait_queues)
+    if broker_retry:
+        returns = lenient_count((headers or {}).get("x-delivery-count")) or 0
+        made = min(made + returns, h.COUNT_MAX - 1)
+    return made + 1
 
 
 def delivery_count(headers: Mapping[str, Any] | None, redelivered: bool = False) -> int:

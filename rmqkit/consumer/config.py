@@ -132,7 +132,8 @@ def policy_from_topology(topology: Topology, queue: str, max_attempts: int | Non
         wait_queues=tuple(tuple(name for name, _ in slots) for slots in tiers),
         permanent_errors=frozenset(spec.permanent_errors),
         wait_ttls_ms=tuple(tuple(ttl for _, ttl in slots) for slots in tiers),
-        full_jitter=full_jitter(spec),
+        full_jitter=full_jitter(spec) and spec.retry_engine != "broker",
+        broker_retry=spec.retry_engine == "broker",
     )
 
 
@@ -140,6 +141,8 @@ def _wait_tiers(topology: Topology, queue: str, spec: QueueModel) -> list[list[t
     """Per tier, the (name, ttl_ms) of the queue's jitter slot queues (the last one the full
     delay), as rmqkit.topology.expand names them; a lane or partition queue has its own."""
     tiers: list[list[tuple[str, int]]] = []
+    if spec.retry_engine == "broker":
+        return tiers  # no wait queues: the work queue's delayed retry holds them back
     for delay in spec.retry_delays:
         main = topology.wait_name(queue, delay)
         tiers.append(

@@ -169,6 +169,42 @@ class CopySender:
                 return  # the channel went away meanwhile: the broker requeues it
             tracker.settled_elsewhere(tag)
 
+    async def requeue(
+        self,
+        channel: Channel | None,
+        delivered: Delivery,
+        decision: RetryLater,
+        tracker: AckTracker,
+        tag: int,
+        attempt: int,
+        deliveries: int,
+    ) -> bool:
+        """retry_engine = "broker": put the delivery back with basic.reject(requeue=True); the
+        work queue's delayed retry holds it for the tier's delay and counts the return. False
+        when its channel had gone (the broker put it back already, and counted it)."""
+        props = delivered.header.properties
+        extra = {"message_id": props.message_id, "attempt": attempt, "delivered": deliveries}
+        if channel is None or not channel.owns(delivered) or channel.is_closed:
+            return False
+        try:
+            await channel.reject(tag, requeue=True)
+        except Exception:
+            if not channel.is_closed:
+                raise  # the caller settles it (the delivery would stay in hand)
+            return False
+        tracker.settled_elsewhere(tag)
+        tier = self._tier_names[decision.tier_index]
+        self._metrics.retried(tier)
+        error_type, message = _failure(decision.headers)
+        log.info(
+            "retry via the broker's delayed retry (%s): %s: %s",
+            tier,
+            error_type,
+            message,
+            extra={**extra, "error_type": error_type, "decision": "retry", "tier": tier},
+        )
+        return True
+
     async def settle_failure(
         self,
         channel: Channel | None,

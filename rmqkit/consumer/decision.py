@@ -67,6 +67,9 @@ class RetryLater:
     delay_ms: int  # the tier's nominal delay; the slot's TTL is at most this
     # full jitter: the copy's per-message TTL (the drawn wait), None to wait the slot's TTL
     expiration_ms: int | None = None
+    # retry_engine = "broker": no copy; the delivery itself goes back with basic.reject(requeue)
+    # and the work queue's delayed retry holds it (target_queue is the work queue)
+    requeue: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,12 @@ def decide(
     if isinstance(outcome, Success):
         return Ack()
 
-    attempt = attempt_number(headers, policy.queue, wait_queues=policy.all_wait_queues)
+    attempt = attempt_number(
+        headers,
+        policy.queue,
+        wait_queues=policy.all_wait_queues,
+        broker_retry=policy.broker_retry,
+    )
     context = _CopyContext(
         headers, policy, exchange, routing_key, now, host, pid, attempt, delivered
     )
@@ -155,6 +163,14 @@ def decide(
 
     if attempt >= policy.effective_max_attempts:
         return context.park(h.ParkingReason.EXHAUSTED, error)
+    if policy.broker_retry:
+        # The broker's delay is min(first x returns, last) = the tier of this attempt: a
+        # requested delay (rmqkit.Retry(delay_s=)) cannot be passed on, the ladder applies.
+        tier = _tier_for(policy, attempt, None)
+        delay_ms = policy.retry_delays_ms[tier]
+        # headers: what the failure was, for the log line and the hook (no copy carries them)
+        failure = context._failure_headers(error)
+        return RetryLater(policy.queue, failure, tier, delay_ms, requeue=True)
     tier = _tier_for(policy, attempt, requested_delay_s)
     slots = policy.wait_queues[tier]
     if policy.full_jitter:
@@ -186,7 +202,12 @@ def internal_error_park(
     """
     error = _Error(error_type, message, traceback)
     try:
-        attempt = attempt_number(headers, policy.queue, wait_queues=policy.all_wait_queues)
+        attempt = attempt_number(
+            headers,
+            policy.queue,
+            wait_queues=policy.all_wait_queues,
+            broker_retry=policy.broker_retry,
+        )
         context = _CopyContext(
             headers, policy, exchange, routing_key, now, host, pid, attempt, delivered
         )

@@ -36,6 +36,7 @@ from rmqkit.consumer.decision import (
     HandlerOutcome,
     HandlerTimeout,
     MissingMessageId,
+    RetryLater,
     Success,
     TooLarge,
     Undecodable,
@@ -187,13 +188,25 @@ class Dispatcher:
             outcome = MissingMessageId()
         else:
             deliver = delivered.delivery
-            # Without x-death and our attempt header this is a first delivery: skip the parse.
-            if headers and ("x-death" in headers or ATTEMPT in headers):
-                attempt = attempt_number(headers, config.queue, wait_queues=self._wait_queues)
+            # Without x-death and our attempt header this is a first delivery: skip the parse
+            # (with the broker's delayed retry, its count of returns is the attempts' too).
+            broker_retry = config.policy.broker_retry
+            if headers and (
+                "x-death" in headers
+                or ATTEMPT in headers
+                or (broker_retry and DELIVERY_COUNT in headers)
+            ):
+                attempt = attempt_number(
+                    headers,
+                    config.queue,
+                    wait_queues=self._wait_queues,
+                    broker_retry=broker_retry,
+                )
             current_message.set((props.message_id, attempt))
             if deliver.redelivered or headers.get(DELIVERY_COUNT):
                 deliveries = delivery_count(headers, bool(deliver.redelivered))
-                if deliveries > 1:
+                # a retry the broker held back is a redelivery by design: no warning
+                if deliveries > 1 and not broker_retry:
                     warn_redelivered(props.message_id, attempt, deliveries)
             sealed = body
             try:
@@ -278,6 +291,14 @@ class Dispatcher:
         )
         if isinstance(decision, Ack):
             self._finished(tracker, tag)
+            return
+        if isinstance(decision, RetryLater) and decision.requeue:  # retry_engine = "broker"
+            put_back = await self._copies.requeue(
+                self._channel, delivered, decision, tracker, tag, attempt, deliveries
+            )
+            if put_back and hooks is not None:
+                props = delivered.header.properties
+                hooks.emit(copy_event(config, props.message_id, attempt, decision, outcome))
             return
         if hooks is not None:  # told by the copy's confirm (_copy_confirmed)
             props = delivered.header.properties

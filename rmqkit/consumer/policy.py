@@ -36,10 +36,18 @@ class QueuePolicy:
     # per tier, the TTL of each slot queue (aligned with wait_queues); () when not known
     wait_ttls_ms: tuple[tuple[int, ...], ...] = ()
     full_jitter: bool = False  # the wait uniform over [0, d] (see the class docstring)
+    # retry_engine = "broker": a retry is a basic.reject(requeue=True) that the work queue's
+    # delayed retry holds back (RabbitMQ 4.3); no wait queues, and every return the broker
+    # counts (x-delivery-count) is an attempt (rmqkit.topology.retry_engine)
+    broker_retry: bool = False
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        if self.broker_retry:
+            if self.wait_queues:
+                raise ValueError("a queue the broker retries has no wait queues")
+            return
         if len(self.retry_delays_ms) != len(self.wait_queues):
             raise ValueError(
                 f"{len(self.retry_delays_ms)} retry delays but {len(self.wait_queues)} tiers of "
@@ -60,6 +68,8 @@ class QueuePolicy:
     @property
     def effective_max_attempts(self) -> int:
         """Deliveries a transiently failing message really gets (1 when there is no tier)."""
+        if self.broker_retry:
+            return self.max_attempts if self.retry_delays_ms else 1
         return self.max_attempts if self.wait_queues else 1
 
     @property

@@ -40,6 +40,7 @@ from rmqkit.durations import parse_duration_ms
 from rmqkit.errors import ConfigError, RmqkitError
 from rmqkit.names import slot_text, wait_delay_ms
 from rmqkit.settings import Settings
+from rmqkit.topology import retry_engine
 
 log = logging.getLogger("rmqkit.consumer")
 
@@ -80,6 +81,17 @@ def policy_from_snapshot(
             f"queue {queue!r} has no parking queue (it must dead-letter through the default "
             "exchange to one) — declare it with rmqkit declare, or pass --topology"
         )
+    broker = _broker_retry_delays(snapshot, queue)
+    if broker:
+        policy = QueuePolicy(
+            queue=queue,
+            parking_queue=parking,
+            retry_delays_ms=broker,
+            max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
+            wait_queues=(),
+            broker_retry=True,
+        )
+        return policy, consumer_timeout_s(snapshot, queue)
     tiers: dict[int, list[str]] = {}
     for name, view in snapshot.queues.items():
         delay = wait_tier_of(name, queue)
@@ -96,6 +108,21 @@ def policy_from_snapshot(
         ),
         consumer_timeout_s(snapshot, queue),
     )
+
+
+def _broker_retry_delays(snapshot: Snapshot, queue: str) -> tuple[int, ...]:
+    """The delays of the work queue's own delayed retry (RabbitMQ 4.3: a policy or argument
+    ``delayed-retry-type`` that delays counted returns), up to where they stop growing; ()
+    when the broker does not retry it (wait queues, or none)."""
+    view = snapshot.queues.get(queue)
+    if view is None or view.settings.get(retry_engine.TYPE_KEY) not in ("failed", "all"):
+        return ()
+    low = number(view.settings.get(retry_engine.MIN_KEY))
+    if low is None or low <= 0:
+        return ()
+    high = number(view.settings.get(retry_engine.MAX_KEY)) or low
+    steps = max(1, min(-(-int(high) // int(low)), 100))
+    return tuple(retry_engine.linear_delays(int(low), int(max(high, low)), steps))
 
 
 def consumer_timeout_s(snapshot: Snapshot, queue: str) -> float | None:

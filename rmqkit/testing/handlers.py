@@ -304,7 +304,12 @@ async def _outcome(
 ) -> tuple[HandlerOutcome, int, int]:
     """The handler's outcome, as rmqkit.consumer.dispatch reaches it (same checks, same order),
     with this delivery's attempt number and the broker's delivery count."""
-    attempt = attempt_number(headers, config.queue, wait_queues=config.policy.all_wait_queues)
+    attempt = attempt_number(
+        headers,
+        config.queue,
+        wait_queues=config.policy.all_wait_queues,
+        broker_retry=config.policy.broker_retry,
+    )
     deliveries = delivery_count(headers, redelivered)
     if config.max_message_bytes is not None and len(body) > config.max_message_bytes:
         return TooLarge(len(body), config.max_message_bytes), attempt, deliveries

@@ -26,6 +26,10 @@ MANAGED_KEYS = (
     "max-length",
     "max-length-bytes",
     "expires",
+    # retry_engine = "broker" (rmqkit.topology.retry_engine)
+    "delayed-retry-type",
+    "delayed-retry-min",
+    "delayed-retry-max",
 )
 
 

@@ -21,6 +21,7 @@ from rmqkit.topology.desired import (
 from rmqkit.topology.ladder import default_ladder, delay_targets
 from rmqkit.topology.model import Topology
 from rmqkit.topology.partitions import partition_hashing
+from rmqkit.topology.retry_engine import broker_retry_settings
 from rmqkit.topology.schema import BUILTIN_EXCHANGE_PREFIX, QueueModel
 from rmqkit.topology.summary import summarize
 
@@ -47,6 +48,8 @@ def wait_queue_names(topology: Topology, queue: str) -> list[list[tuple[str, int
     ``queue``: a work queue of the file, or one of its lanes or partitions."""
     spec = topology.queue_spec(queue)
     tiers: list[list[tuple[str, int]]] = []
+    if spec.retry_engine == "broker":
+        return tiers  # the broker holds retries back in the work queue itself
     for delay in spec.retry_delays:
         main = topology.wait_name(queue, delay)
         slots = []
@@ -69,6 +72,8 @@ def _work_settings(spec: QueueModel, parking: str) -> dict[str, Any]:
         settings["max-length"] = spec.max_length
     if spec.max_length_bytes is not None:
         settings["max-length-bytes"] = spec.max_length_bytes
+    if spec.retry_engine == "broker":
+        settings.update(broker_retry_settings(spec))
     if spec.retention is not None:
         # Queue-level TTL: it counts from when a message entered this queue, so a retry
         # coming back from a wait queue starts a new window, and dead-lettering strips any

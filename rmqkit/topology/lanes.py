@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmqkit.names import lane_queue, partition_exchange, partition_queue
+from rmqkit.topology.retry_engine import broker_retry_problem
 from rmqkit.topology.schema import LaneModel, QueueModel, TopologyModel
 
 # The broker's built-in exchanges and their types: a file binds to them without declaring them.
@@ -214,6 +215,10 @@ def flow_problems(model: TopologyModel) -> list[tuple[tuple[int | str, ...], str
     taken = set(model.queues) | set(model.exchanges)
     for name, spec in model.queues.items():
         loc: tuple[int | str, ...] = ("queues", name)
+        if spec.retry_engine == "broker":
+            problem = broker_retry_problem(spec)
+            if problem is not None:
+                problems.append(((*loc, "retry_engine"), problem))
         if spec.partition_by == "routing_key":
             problems += _routing_key_partition_problems(model, loc, spec)
         elif (spec.partitions is None) != (spec.partition_key is None):

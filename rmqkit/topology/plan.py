@@ -39,6 +39,8 @@ from rmqkit.topology.live import (
 from rmqkit.topology.orphans import find_orphans
 from rmqkit.topology.partitions import CONSISTENT_HASH, MODULUS_HASH, keep_live_hashing
 from rmqkit.topology.permissions import permission_changes, read_permissions
+from rmqkit.topology.retry_engine import SINCE
+from rmqkit.topology.retry_engine import TYPE_KEY as RETRY_TYPE_KEY
 
 # Exchange types that come with a plugin: a missing one is named in the conflict's fix.
 PLUGINS = {"x-consistent-hash": "rabbitmq_consistent_hash_exchange"}
@@ -290,6 +292,19 @@ def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: 
         changes.append(_policy_change(policy, live.policies.get(policy.name)))
     for queue in desired.queues:
         changes.extend(_queue_changes(queue, desired, live, exchange_names))
+        if queue.role == "work" and RETRY_TYPE_KEY in queue.settings and live.version < SINCE:
+            shown = ".".join(map(str, live.version))
+            changes.append(
+                Change(
+                    "queue",
+                    queue.name,
+                    "conflict",
+                    f'retry_engine = "broker" needs RabbitMQ 4.3 (delayed retry on quorum '
+                    f"queues); this broker is {shown}, where the setting is ignored and every "
+                    "retry would come back at once",
+                    'retry_engine = "queues" (wait queues, every version), or upgrade to 4.3',
+                )
+            )
     for fixed in desired.fixed_queues:
         changes.append(_fixed_queue_change(fixed, live.queues.get(fixed.name)))
     have_bindings = {

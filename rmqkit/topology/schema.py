@@ -166,6 +166,10 @@ class QueueModel(_Strict):
     # jitter = 1.0 is full jitter: the consumer draws each wait uniformly over [0, delay].
     jitter: float = Field(default=0.5, ge=0.0, le=1.0)
     jitter_slots: int = Field(default=5, ge=1, le=20)
+    # Who holds a retry back: rmqkit's wait queues (the default), or the broker itself
+    # (RabbitMQ 4.3's delayed retry on the work queue: linear delays, no jitter, no wait
+    # queues; rmqkit.topology.retry_engine says which ladders it can express).
+    retry_engine: Literal["queues", "broker"] = "queues"
     permanent_errors: list[str] = Field(default_factory=list)
     handler_timeout: DurationMs | None = None
     require_message_id: bool = False

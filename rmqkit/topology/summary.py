@@ -32,6 +32,7 @@ class WorkQueueSummary:
     delay_ms: int | None = None
     encrypt: tuple[str, ...] = ()  # the fields encrypted at the edge ((): none)
     blind_index: tuple[str, ...] = ()
+    broker_retry: bool = False  # retry_engine = "broker": the work queue's own delayed retry
 
     def text(self) -> str:
         """``orders.work: retries 1s, 5s (max_attempts 3); retention 4d; parks in …``, then
@@ -42,6 +43,8 @@ class WorkQueueSummary:
                 " (the default ladder)" if self.default_retries else ""
             )
             retries += f", max_attempts {self.max_attempts}"
+            if self.broker_retry:
+                retries += " (held back by the broker: delayed retry, no jitter, no wait queues)"
         else:
             retries = "no retries (retry_delays = []): a transient failure parks at once"
         retention = (
@@ -91,6 +94,7 @@ class WorkQueueSummary:
             "delay_ms": self.delay_ms,
             "encrypt": list(self.encrypt),
             "blind_index": list(self.blind_index),
+            "retry_engine": "broker" if self.broker_retry else "queues",
         }
 
 
@@ -129,4 +133,5 @@ def summarize(topology: Topology, name: str, partition_type: str | None = None) 
         delay_ms=spec.delay,
         encrypt=tuple(spec.sensitive_fields) if spec.encrypt else (),
         blind_index=tuple(spec.blind_index) if spec.encrypt else (),
+        broker_retry=spec.retry_engine == "broker",
     )
