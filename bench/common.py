@@ -79,6 +79,7 @@ def cli_env(url: str) -> dict[str, str]:
     """The environment for an ``rmqkit`` subprocess: no RMQKIT_* of ours, RMQKIT_URL = url."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RMQKIT_")}
     env["RMQKIT_URL"] = url
+    env["RMQKIT_MANAGEMENT_URL"] = MGMT_URL  # the node of RMQKIT_BENCH_URL, not :15672's
     return env
 
 

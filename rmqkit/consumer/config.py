@@ -222,7 +222,7 @@ def build_config(
             "such returns do not count toward the delivery limit, so it can loop — set "
             "--handler-timeout below it"
         )
-    if not policy.wait_queues:
+    if policy.effective_max_attempts == 1:
         warnings.append(
             f"queue {queue!r} has no retry tiers: every transient failure is parked at once"
         )

@@ -300,8 +300,8 @@ def compute_plan(desired: DesiredState, live: LiveState, *, source: str, vhost: 
                     queue.name,
                     "conflict",
                     f'retry_engine = "broker" needs RabbitMQ 4.3 (delayed retry on quorum '
-                    f"queues); this broker is {shown}, where the setting is ignored and every "
-                    "retry would come back at once",
+                    f"queues); this broker is {shown}, which refuses its policy keys and "
+                    "ignores its x-arguments (every retry would come back at once)",
                     'retry_engine = "queues" (wait queues, every version), or upgrade to 4.3',
                 )
             )

@@ -20,6 +20,7 @@ import pytest
 import rmqkit
 from rmqkit import headers as h
 from tests import broker
+from tests.consumer_harness import ConsumerProcess, effects, wait_until
 
 pytestmark = pytest.mark.semantics("4.3", "4.0")
 
@@ -108,3 +109,41 @@ def test_the_broker_holds_each_retry_and_rmqkit_parks_the_exhausted(vhost: str, 
         assert message["headers"][h.PARK_REASON] == "exhausted"
         assert message["headers"][h.ATTEMPT] == 3
         assert message["headers"][h.ERROR_TYPE] == "ConnectionError"
+
+
+def test_kill_9_mid_run_loses_nothing_the_broker_holds(
+    vhost: str, spec: Path, tmp_path: Path
+) -> None:
+    """`rmqkit consume` on a broker-retry queue, killed with -9 while messages wait in the
+    broker's delay and others are in its hands; a new consumer finishes them: every message
+    took effect, or is parked exhausted with its reason; nothing is left in the work queue."""
+    if not _on_43():
+        pytest.skip("the delayed retry is RabbitMQ 4.3's")
+    declared = broker.cli("declare", str(spec), vhost=vhost, timeout=120)
+    assert declared.returncode == 0, declared.stdout + declared.stderr
+    ids = [f"k-{i}" for i in range(300)]
+    bodies = [(i, json.dumps({"id": i, "fail": 1, "sleep": 0.01}).encode()) for i in ids]
+    broker.publish_with_ids(vhost, "re", "job", bodies)
+    ledger = tmp_path / "ledger.db"
+    first = ConsumerProcess(vhost, ledger, "--concurrency", "20", queue=WORK, topology=str(spec))
+    try:
+        assert wait_until(lambda: len(effects(ledger)) >= 60, 60), first.output()
+    finally:
+        first.kill()  # -9: mid-batch, with retries held by the broker
+    second = ConsumerProcess(vhost, ledger, "--concurrency", "20", queue=WORK, topology=str(spec))
+    try:
+
+        def settled() -> bool:
+            parked = broker.depths(vhost, [PARKING])[PARKING] or 0
+            return len(effects(ledger)) + parked >= len(ids)
+
+        assert wait_until(settled, 90), second.output()
+    finally:
+        assert second.stop() == 0
+    done = set(effects(ledger))
+    parked = {str(m["message_id"]): m["headers"] for m in broker.drain(vhost, PARKING)}
+    assert done | set(parked) == set(ids)  # every message accounted for
+    assert not done & set(parked)
+    for headers in parked.values():  # a return at the kill counts: parked, with its reason
+        assert headers[h.PARK_REASON] == "exhausted"
+    assert broker.depths(vhost, [WORK]) == {WORK: 0}

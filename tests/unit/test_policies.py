@@ -292,12 +292,16 @@ STRINGS = {
     "dead-letter-routing-key": ["orders.parking", "x"],
     "dead-letter-strategy": ["at-least-once", "at-most-once"],
     "overflow": ["drop-head", "reject-publish"],
+    "delayed-retry-type": ["failed", "returned"],
 }
+DELAYS = {"delayed-retry-min", "delayed-retry-max"}  # retry_engine = "broker" (ms)
 
 
 def _value(key: str) -> st.SearchStrategy[Any]:
     if key in NUMERIC:
         return st.integers(min_value=0, max_value=5)
+    if key in DELAYS:
+        return st.integers(min_value=1, max_value=5)
     if key == "delivery-limit":
         return st.integers(min_value=-1, max_value=5)
     return st.sampled_from(STRINGS[key])
