@@ -137,9 +137,13 @@ def test_kill_9_mid_run_loses_nothing_the_broker_holds(
             parked = broker.depths(vhost, [PARKING])[PARKING] or 0
             return len(effects(ledger)) + parked >= len(ids)
 
-        assert wait_until(settled, 90), second.output()
+        # up before it may be stopped (a SIGTERM during its imports is not a graceful stop)
+        started = wait_until(lambda: f"consuming {WORK}" in second.output(), 60)
+        finished = started and wait_until(settled, 120)
     finally:
-        assert second.stop() == 0
+        code = second.stop(timeout=60)
+    assert finished, second.output()
+    assert code == 0, (code, second.output())
     done = set(effects(ledger))
     parked = {str(m["message_id"]): m["headers"] for m in broker.drain(vhost, PARKING)}
     assert done | set(parked) == set(ids)  # every message accounted for
