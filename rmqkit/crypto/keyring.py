@@ -278,6 +278,14 @@ def _looks_like_material(text: str) -> bool:
     never quoted in a message."""
     if not text.isprintable() or any(c in text for c in "{}[]\"'"):
         return True
+    # A whole key: base64's own "/" splits it into runs too short to tell (a random key held
+    # two, one 16 long without a digit), so the text is also looked at as one run.
+    whole = text.strip()
+    if len(whole) >= 40 and set(whole) <= _B64_CHARS and not Path(whole).exists():
+        cases = any(c.isupper() for c in whole) and any(c.islower() for c in whole)
+        # digits, or base64's padding: a 32-byte key is 43 characters and "="
+        if cases and (any(c.isdigit() for c in whole) or whole.endswith("=")):
+            return True
     for part in text.replace("\\", "/").split("/"):
         run = part.rsplit(".", 1)[0] if "." in part[1:] else part
         if len(run) >= 16 and set(run) <= _B64_CHARS and _mixed(run):

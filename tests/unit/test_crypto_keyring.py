@@ -257,3 +257,17 @@ def test_key_material_given_as_a_file_name_is_never_quoted(tmp_path, shape) -> N
         load_keyring("/etc/nowhere/ring.json", None)
     with pytest.raises(KeyRingError, match="a file path goes in RMQKIT_KEYRING_FILE"):
         load_keyring(None, "/etc/rmqkit/ring.json")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        # a key CI drew: "/" split it into runs of 11, 16 (no digit) and 15 characters
+        "MycPL0cu7aC/sisPEjjIajRVlCDy/+R4GJgyWybJ230=",
+        "abcDEFghiJKLmnoPQRstuVWXyzaBCDefgHIJklmNOPq=",  # no digit at all, padded
+    ],
+)
+def test_a_key_that_base64_splits_with_slashes_is_never_quoted(key: str) -> None:
+    with pytest.raises(KeyRingError) as caught:
+        load_keyring(key, None)
+    assert key[:8] not in str(caught.value) and key[-8:] not in str(caught.value)
