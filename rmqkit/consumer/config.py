@@ -17,8 +17,8 @@ from rmqkit.crypto.errors import KeyRingError
 from rmqkit.crypto.keyring import ENV_FILE, ENV_INLINE
 from rmqkit.durations import format_duration_ms
 from rmqkit.errors import ConfigError
-from rmqkit.names import parking_queue, slot_queue, wait_prefix
-from rmqkit.topology.expand import jitter_slot_delays
+from rmqkit.names import parking_queue, wait_prefix
+from rmqkit.topology.expand import wait_queue_names
 from rmqkit.topology.model import Topology
 from rmqkit.topology.schema import QueueModel
 
@@ -123,7 +123,7 @@ def policy_from_topology(topology: Topology, queue: str, max_attempts: int | Non
     """The consumer view of work queue ``queue`` in ``topology`` (a file's work queue, or one
     of its lane or partition queues)."""
     spec = queue_spec(topology, queue)
-    tiers = _wait_tiers(topology, queue, spec)
+    tiers = wait_queue_names(topology, queue)  # as declare names them (none: broker retry)
     return QueuePolicy(
         queue=queue,
         parking_queue=topology.parking_name(queue),
@@ -135,23 +135,6 @@ def policy_from_topology(topology: Topology, queue: str, max_attempts: int | Non
         full_jitter=full_jitter(spec) and spec.retry_engine != "broker",
         broker_retry=spec.retry_engine == "broker",
     )
-
-
-def _wait_tiers(topology: Topology, queue: str, spec: QueueModel) -> list[list[tuple[str, int]]]:
-    """Per tier, the (name, ttl_ms) of the queue's jitter slot queues (the last one the full
-    delay), as rmqkit.topology.expand names them; a lane or partition queue has its own."""
-    tiers: list[list[tuple[str, int]]] = []
-    if spec.retry_engine == "broker":
-        return tiers  # no wait queues: the work queue's delayed retry holds them back
-    for delay in spec.retry_delays:
-        main = topology.wait_name(queue, delay)
-        tiers.append(
-            [
-                (main if ttl == delay else slot_queue(main, ttl), ttl)
-                for ttl in jitter_slot_delays(delay, spec.jitter, spec.jitter_slots)
-            ]
-        )
-    return tiers
 
 
 def queue_spec(topology: Topology, queue: str) -> QueueModel:
