@@ -174,6 +174,7 @@ def _json_commands(target: str, tmp: Path, message_id: str) -> dict[str, list[st
         "rmqkit parking list": ["parking", "list", PARKING],
         "rmqkit parking show": ["parking", "show", PARKING, message_id],
         "rmqkit parking stats": ["parking", "stats", PARKING, "--max-count", "1"],
+        "rmqkit parking groups": ["parking", "groups", PARKING],
         "rmqkit parking replay": ["parking", "replay", PARKING, "--dry-run"],
         "rmqkit dedupe init": ["dedupe", "init", "--dsn", store],
         "rmqkit dedupe status": ["dedupe", "status", "--dsn", store],
