@@ -204,7 +204,7 @@ async def _worker_rmqkit_replay(url: str, n: int) -> dict[str, Any]:
         settings, PARKING, ParkedFilter(), routing_key=TARGET, progress=progress
     )
     result = _timing(started, cpu_started, first)
-    return {**result, "done": report.replayed, "report": report.as_dict()}
+    return {**result, "done": report.moved, "report": report.as_dict("replayed")}
 
 
 async def _worker_aiopika_publish(url: str, n: int) -> dict[str, Any]:

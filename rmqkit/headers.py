@@ -73,6 +73,10 @@ REPLAY_COUNT: Final = "rmqkit-replay-count"
 REPLAYED_AT: Final = "rmqkit-replayed-at"
 """str (ISO-8601 UTC): when it was last replayed."""
 
+# --- written by ``rmqkit parking archive`` (removed by ``restore``) ------------------------------
+ARCHIVED_AT: Final = "rmqkit-archived-at"
+"""str (ISO-8601 UTC): when it was moved from parking to the archive queue."""
+
 # --- written by the delay ladder (rmqkit.delay.ladder, docs/delay.md) ----------------------------
 # Defined there (rmqkit.delay imports this module, not the other way round); named here so this
 # module lists every header rmqkit writes. tests/unit/test_decision.py checks they agree.
@@ -112,6 +116,7 @@ ALL_HEADERS: Final = frozenset(
         FINGERPRINT,
         REPLAY_COUNT,
         REPLAYED_AT,
+        ARCHIVED_AT,
         DELAY_TOP,
         DELAY_EXCHANGE,
         DELAY_ROUTING_KEY,

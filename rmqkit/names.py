@@ -1,6 +1,7 @@
 """The names rmqkit derives from a work queue ``W``, built and parsed here and nowhere else.
 
-* ``W.parking``: its parking queue (a topology file may name it otherwise: ``parking = ...``);
+* ``W.parking``: its parking queue (a topology file may name it otherwise: ``parking = ...``),
+  and ``P.archive`` the archive queue of parking queue ``P`` (``archive = "30d"``);
 * ``W.wait.<delay>``: the wait queue of one retry tier, and ``W.wait.<delay>.slot-<ttl>`` its
   jitter slots (durations as ``rmqkit.durations.format_duration_ms`` spells them);
 * ``W.lane.<name>``: a lane, and ``W.p<N>``: a partition, each a work queue of its own (with
@@ -18,6 +19,7 @@ from typing import Final
 from rmqkit.durations import format_duration_ms, parse_duration_ms
 
 PARKING_SUFFIX: Final = ".parking"
+ARCHIVE_SUFFIX: Final = ".archive"
 WAIT_INFIX: Final = ".wait."
 SLOT_INFIX: Final = ".slot-"
 LANE_INFIX: Final = ".lane."
@@ -41,6 +43,18 @@ def parking_queue(work_queue: str) -> str:
 def is_parking_name(name: str) -> bool:
     """Whether ``name`` is named like a parking queue (``….parking``)."""
     return name.endswith(PARKING_SUFFIX)
+
+
+def archive_queue(parking: str) -> str:
+    """``orders.work.parking`` → ``orders.work.parking.archive``: the queue ``parking archive``
+    moves messages to and ``parking restore`` takes them back from. Derived from the parking
+    queue (not the work queue), so a command given only the parking queue finds it."""
+    return f"{parking}{ARCHIVE_SUFFIX}"
+
+
+def archived_from(archive: str) -> str | None:
+    """The parking queue an archive queue belongs to (``P.archive`` → ``P``), else None."""
+    return archive.removesuffix(ARCHIVE_SUFFIX) if archive.endswith(ARCHIVE_SUFFIX) else None
 
 
 def wait_prefix(queue: str) -> str:

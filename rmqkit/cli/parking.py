@@ -1,15 +1,17 @@
-"""`rmqkit parking list | show | stats | groups | replay | purge | export | import`.
+"""`rmqkit parking list | show | stats | groups | replay | purge | export | import | archive |
+restore`.
 
 The group only: the reading commands live in ``parking_inspect`` (``groups`` in
-``parking_groups``), the ones that move messages in ``parking_move``, the options they share
-(one definition) in ``parking_options``.
+``parking_groups``), the ones that move messages in ``parking_move`` (``archive`` and
+``restore`` in ``parking_archive``), the options they share (one definition) in
+``parking_options``.
 """
 
 from __future__ import annotations
 
 import typer
 
-from rmqkit.cli import parking_groups, parking_inspect, parking_move
+from rmqkit.cli import parking_archive, parking_groups, parking_inspect, parking_move
 
 app = typer.Typer(
     help="Inspect, replay, purge, export and import parked messages (never losing any).",
@@ -24,3 +26,5 @@ app.command("replay")(parking_move.replay_cmd)
 app.command("purge")(parking_move.purge_cmd)
 app.command("export")(parking_move.export_cmd)
 app.command("import")(parking_move.import_cmd)
+app.command("archive")(parking_archive.archive_cmd)
+app.command("restore")(parking_archive.restore_cmd)

@@ -26,8 +26,9 @@ from rmqkit.cli.render import stderr
 from rmqkit.errors import ExitCode, Interrupted, PartialSuccess, UsageError
 from rmqkit.fileout import SafeOutput, check_output, output_mode
 from rmqkit.parking.journal import ImportJournal
+from rmqkit.parking.moves import MoveReport
 from rmqkit.parking.ops import PurgeResult, purge_parked
-from rmqkit.parking.replay import ReplayReport, replay_parked
+from rmqkit.parking.replay import replay_parked
 from rmqkit.parking.transfer import export_parked, import_records, read_export
 
 
@@ -75,7 +76,7 @@ def replay_cmd(
     pause_s = seconds_option(pause, "--pause") or 0.0
     settings = settings_from(ctx)
     progress, update = progress_bar("replaying")
-    report = ReplayReport()
+    report = MoveReport()
     with progress, _interrupted_replay(report, sel.queue, dry_run):
         run_async(
             replay_parked(
@@ -96,7 +97,7 @@ def replay_cmd(
         )
     explain_no_match(sel, report.selected + report.held_back)
     if as_json:  # only JSON on stdout: a dry run's plan goes in it
-        document = {**report.as_dict(), "dry_run": dry_run}
+        document = {**report.as_dict("replayed"), "dry_run": dry_run}
         if dry_run:
             document["plan"] = [
                 {"message_id": message_id, "exchange": exchange, "routing_key": key}
@@ -109,7 +110,7 @@ def replay_cmd(
                 f"would replay {message_id or '-'} → exchange {exchange or '(default)'!s} key {key}"
             )
         verb = "would replay" if dry_run else "replayed"
-        count = len(report.plan) if dry_run else report.replayed
+        count = len(report.plan) if dry_run else report.moved
         stderr.print(
             f"{verb} {count} of {report.selected} selected; returned {report.returned}, "
             f"failed {report.failed}, skipped {report.skipped}"
@@ -123,13 +124,13 @@ def replay_cmd(
         _print_problems(report.problems)
     if not dry_run and report.partial:
         raise PartialSuccess(
-            f"{report.selected - report.replayed} of {report.selected} message(s) could not be "
+            f"{report.selected - report.moved} of {report.selected} message(s) could not be "
             "replayed and stay parked — see the problems above"
         )
 
 
 @contextmanager
-def _interrupted_replay(report: ReplayReport, queue: str, dry_run: bool) -> Iterator[None]:
+def _interrupted_replay(report: MoveReport, queue: str, dry_run: bool) -> Iterator[None]:
     """Ctrl-C during a replay: say what was done and what is left, not only "interrupted"."""
     try:
         yield
@@ -138,8 +139,8 @@ def _interrupted_replay(report: ReplayReport, queue: str, dry_run: bool) -> Iter
             raise
         unseen = max(report.queue_total - report.seen, 0)
         raise Interrupted(
-            f"interrupted: replayed {report.replayed} (confirmed) of {report.selected} selected "
-            f"so far; {report.selected - report.replayed} selected not confirmed and "
+            f"interrupted: replayed {report.moved} (confirmed) of {report.selected} selected "
+            f"so far; {report.selected - report.moved} selected not confirmed and "
             f"{unseen} of the {report.queue_total} message(s) in {queue!r} not looked at stay "
             "parked — run the same command again to replay what is left"
         ) from None

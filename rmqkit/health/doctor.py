@@ -140,7 +140,8 @@ def run_checks(inp: DoctorInput, checks: tuple[Check, ...] = CHECKS) -> list[Che
 
 
 def topology_roles(topology: Topology, snapshot: Snapshot) -> dict[str, tuple[Role, str]]:
-    """Roles the topology file gives its queues (work, wait, parking; owner work queue)."""
+    """Roles the topology file gives its queues (work, wait, parking, archive; owner work
+    queue)."""
     desired = expand(topology, broker_version=snapshot.version)
     return {q.name: (q.role, q.owner) for q in desired.queues}
 
@@ -170,7 +171,7 @@ def idle_growth_candidates(snapshot: Snapshot, roles: dict[str, tuple[Role, str]
         name
         for name, queue in sorted(snapshot.queues.items())
         if not queue.exclusive
-        and roles.get(name, ("other", name))[0] not in ("wait", "parking", "delay")
+        and roles.get(name, ("other", name))[0] not in ("wait", "parking", "archive", "delay")
         and queue.consumers in (0, None)
     ]
     return names[:MAX_SAMPLED_QUEUES]

@@ -9,7 +9,7 @@ from rmqkit import names
 from rmqkit.broker.snapshot import Snapshot
 from rmqkit.health.delayed import ladder_target, rung_names
 
-Role = Literal["work", "wait", "parking", "delay", "other"]
+Role = Literal["work", "wait", "parking", "archive", "delay", "other"]
 
 
 def classify(
@@ -40,6 +40,8 @@ def classify(
             roles[name] = ("delay", ladder_target(base, snapshot, rungs) or base)
         elif name in parking:
             roles[name] = ("parking", name)
+        elif names.archived_from(name) in parking:
+            roles[name] = ("archive", name)  # its owner: set below, once parking's is known
         elif found and not (set(found) & parking) and "message-ttl" in queue.settings:
             roles[name] = ("wait", found[0])
         elif set(found) & parking:
@@ -52,6 +54,9 @@ def classify(
             for target in targets[name] or []:
                 if target in parking and roles[target][1] == target:
                     roles[target] = ("parking", name)
+    for name, (role, _) in roles.items():
+        if role == "archive":
+            roles[name] = ("archive", roles[names.archived_from(name) or name][1])
     roles.update({name: value for name, value in (known or {}).items() if name in roles})
     return roles
 

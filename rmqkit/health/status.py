@@ -29,8 +29,9 @@ from rmqkit.settings import Settings
 from rmqkit.topology import Topology
 from rmqkit.topology.expand import expand
 
-AGED_ROLES: tuple[Role, ...] = ("work", "parking", "other")  # rows with an oldest column
-_ROLE_ORDER = {"work": 0, "wait": 1, "parking": 2, "delay": 3, "other": 4}
+# rows with an oldest column
+AGED_ROLES: tuple[Role, ...] = ("work", "parking", "archive", "other")
+_ROLE_ORDER = {"work": 0, "wait": 1, "parking": 2, "archive": 3, "delay": 4, "other": 5}
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class GroupStatus:
         ``delayed`` is what the queue's own delay ladder holds (None: it has none)."""
         work = self._of("work")
         wait, parking, delay = self._of("wait"), self._of("parking"), self._of("delay")
+        archive = self._of("archive")
         ages = [q.oldest_age_s for q in parking if q.oldest_age_s is not None]
         return {
             "work": self.work,
@@ -140,6 +142,8 @@ class GroupStatus:
             "delayed": _sum([q.messages for q in delay]) if delay else None,
             "parked": _sum([q.messages for q in parking]),
             "parking": [q.name for q in parking],
+            # set aside by `parking archive`, expiring by the archive's retention (None: no archive)
+            "archived": _sum([q.messages for q in archive]) if archive else None,
             "parked_oldest_age_s": max(ages) if ages else None,
             # dead letters its queues hold for a target that refuses them (work queue full)
             "dead_letter_held": _sum(

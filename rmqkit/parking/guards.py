@@ -21,9 +21,14 @@ from rmqkit.topology.desired import policy_name
 
 
 async def check_browsable(
-    api: ManagementClient, queue: str, broker_version: tuple[int, int, int]
+    api: ManagementClient,
+    queue: str,
+    broker_version: tuple[int, int, int],
+    *,
+    missing: str | None = None,
 ) -> dict[str, Any]:
-    """Refuse (DataError, exit 65) a queue that browsing could damage; returns its API object."""
+    """Refuse (DataError, exit 65) a queue that browsing could damage; returns its API object.
+    ``missing``: what to do if the queue does not exist (added to that error)."""
     try:
         found = await api.queue(queue)
     except BrokerUnavailable as exc:
@@ -32,7 +37,10 @@ async def check_browsable(
             "before browsing, since browsing a queue that has one can drop messages)"
         ) from None
     if found is None:
-        raise DataError(f"parking queue {queue!r} does not exist in vhost {api.vhost!r}")
+        raise DataError(
+            f"parking queue {queue!r} does not exist in vhost {api.vhost!r}"
+            + (f" — {missing}" if missing else "")
+        )
     qtype = found.get("type", "classic")
     if qtype == "stream":
         raise DataError(f"{queue!r} is a stream: streams cannot be browsed with acks or replayed")

@@ -38,8 +38,11 @@ class ParkingSession:
 
 
 @asynccontextmanager
-async def parking_session(settings: Settings, queue: str) -> AsyncIterator[ParkingSession]:
-    """Connect, check ``queue`` is browsable (exit 65 if not), and always close.
+async def parking_session(
+    settings: Settings, queue: str, *, missing: str | None = None
+) -> AsyncIterator[ParkingSession]:
+    """Connect, check ``queue`` is browsable (exit 65 if not; ``missing``: the advice if it
+    does not exist), and always close.
 
     The session is typed (rmqkit.broker.codec): headers keep their exact AMQP types. An export
     must keep them, a replay should, and pamqp's own decoder fails the whole connection on some
@@ -49,7 +52,7 @@ async def parking_session(settings: Settings, queue: str) -> AsyncIterator[Parki
     try:
         async with management(settings) as api:
             await require_same_broker(settings, api, amqp)
-            info = await check_browsable(api, queue, amqp.server_version)
+            info = await check_browsable(api, queue, amqp.server_version, missing=missing)
             # A refused basic.get or publish (no read or write permission) is exit 77 with
             # the broker's words, not a traceback.
             with amqp_errors_mapped(f"working on parking queue {queue!r}"):

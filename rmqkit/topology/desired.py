@@ -12,7 +12,7 @@ from rmqkit.topology.permissions import PermissionSpec
 from rmqkit.topology.summary import WorkQueueSummary
 
 Via = Literal["policy", "arguments"]
-QueueRole = Literal["work", "wait", "parking"]
+QueueRole = Literal["work", "wait", "parking", "archive"]
 POLICY_PREFIX = "rmqkit."
 
 # The queue settings rmqkit manages, in policy-key form (an x-argument is "x-" + key).

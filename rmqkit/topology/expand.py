@@ -188,6 +188,16 @@ def _expand_file(
             if broker_version >= (4, 0, 0):
                 parking_settings["delivery-limit"] = -1
             queues.append(QueueSpec(parking, "parking", name, parking_settings))
+            archive = topology.archive_name(name)
+            if archive is not None and spec.archive is not None:
+                # What `parking archive` set aside, kept for the retention and then dropped
+                # (no dead-letter: expiring is the point); reject-publish and no delivery limit
+                # as on parking, since `restore` browses it the same way.
+                queues.append(
+                    QueueSpec(
+                        archive, "archive", name, {**parking_settings, "message-ttl": spec.archive}
+                    )
+                )
         if spec.partitions:
             hashing, hash_bindings = _partition_objects(topology, name, broker_version)
             exchanges.append(hashing)

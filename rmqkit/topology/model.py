@@ -87,6 +87,16 @@ class Topology:
             raise KeyError(f"{self.source} has no work queue {queue!r}")
         return self.model.queues[parent].parking or names.parking_queue(parent)
 
+    def archive_name(self, queue: str) -> str | None:
+        """The archive queue of work queue ``queue``'s parking queue, None if the file gives
+        it none (``archive = ...`` left out)."""
+        parent = self.parent_of(queue)
+        if parent is None:
+            raise KeyError(f"{self.source} has no work queue {queue!r}")
+        if self.model.queues[parent].archive is None:
+            return None
+        return names.archive_queue(self.parking_name(parent))
+
     def wait_name(self, queue: str, delay_ms: int) -> str:
         """The main wait queue of one delay tier (TTL = the full delay)."""
         return names.wait_queue(queue, delay_ms)
@@ -156,6 +166,7 @@ def _check_references(topology: Topology, text: str) -> None:
 
     work = set(model.queues)
     generated: dict[str, str] = {}
+    archives: dict[str, int | None] = {}
     for qname, queue in model.queues.items():
         if not qname or qname.startswith(BUILTIN_EXCHANGE_PREFIX):
             fail(("queues", qname), "queue names must be non-empty and not start with 'amq.'")
@@ -171,6 +182,19 @@ def _check_references(topology: Topology, text: str) -> None:
         parking = topology.parking_name(qname)
         if parking in work:
             fail(("queues", qname, "parking"), f"{parking!r} is a work queue of this file")
+        archive = topology.archive_name(qname)
+        if archive is not None and archive in work:
+            fail(("queues", qname, "archive"), f"{archive!r} is a work queue of this file")
+        if archive is not None:
+            generated[archive] = qname
+        # Work queues sharing one parking queue share its archive: one retention for it.
+        kept = archives.setdefault(parking, queue.archive)
+        if kept != queue.archive:
+            fail(
+                ("queues", qname, "archive"),
+                f"the work queues sharing parking queue {parking!r} must say the same archive "
+                "retention (or all leave it out)",
+            )
         if queue.delay is not None and not 0 < queue.delay <= MAX_DEFAULT_DELAY_MS:
             fail(
                 ("queues", qname, "delay"),

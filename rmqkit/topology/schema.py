@@ -179,6 +179,11 @@ class QueueModel(_Strict):
     # reason "expired", never dropped: the work queue's message-ttl, dead-lettered at-least-once
     # through the same wiring as the delivery limit. None: messages wait as long as it takes.
     retention: RetentionMs | None = None
+    # archive = "30d": the parking queue gets an archive queue (``<parking>.archive``) that
+    # `parking archive` moves messages to and `parking restore` brings back; each archived
+    # message is kept this long (the archive queue's message-ttl), then dropped: that is what
+    # archiving is for. None: no archive queue, purge is the only way to clear the lane.
+    archive: RetentionMs | None = None
     # Body and header fields masked in every parking view (list, show, export with --redact).
     sensitive_fields: list[str] = Field(default_factory=list)
     # encrypt = true: publish / outbox.add encrypt the sensitive_fields with the key ring

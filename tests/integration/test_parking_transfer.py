@@ -177,7 +177,7 @@ def test_replay_copies_carry_no_delivery_counts(parking: str) -> None:
     report = asyncio.run(
         replay_parked(broker.settings_for(parking), PARKING, ParkedFilter(), routing_key=target)
     )
-    assert report.replayed == 1
+    assert report.moved == 1
     headers = asyncio.run(_get_headers(parking, target))
     assert headers.get("keep") in ("yes", b"yes")
     assert not set(headers) & BROKER_OWNED, headers

@@ -118,11 +118,11 @@ def unroutable_dropped(inp: DoctorInput) -> list[Finding]:
 # --- 8. a queue growing with no consumers ----------------------------------------------------
 def growing_without_consumers(inp: DoctorInput) -> list[Finding]:
     """Ready messages, no consumer, and still being published to (or growing between two
-    reads). Wait and parking queues and delay ladder rungs have no consumers by design and
-    are left out."""
+    reads). Wait, parking and archive queues and delay ladder rungs have no consumers by
+    design and are left out."""
     found: list[Finding] = []
     for queue in plain_queues(inp):
-        if inp.role(queue.name) in ("wait", "parking", "delay"):
+        if inp.role(queue.name) in ("wait", "parking", "archive", "delay"):
             continue
         # A sample (AMQP, immediate) beats the management counts, which lag.
         sample = inp.ready_samples.get(queue.name)
