@@ -49,8 +49,12 @@ def _parked_headers() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def target(vhost: str) -> str:
-    """The vhost the commands are pointed at with --vhost: orders.toml declared, PARKED parked."""
+    """The vhost the commands are pointed at with --vhost: orders.toml declared, PARKED parked,
+    and an archive queue beside the parking queue (what `archive = "30d"` declares)."""
     broker.run(declare_topology(broker.settings_for(vhost), load_topology(ORDERS)))
+    archive = {"durable": True, "arguments": {"x-queue-type": "quorum"}}
+    path = f"/queues/{broker.q(vhost)}/{broker.q(PARKING + '.archive')}"
+    broker.api("PUT", path, json=archive).raise_for_status()
     _park(vhost, PARKED)
     return vhost
 
@@ -175,6 +179,8 @@ def _json_commands(target: str, tmp: Path, message_id: str) -> dict[str, list[st
         "rmqkit parking show": ["parking", "show", PARKING, message_id],
         "rmqkit parking stats": ["parking", "stats", PARKING, "--max-count", "1"],
         "rmqkit parking groups": ["parking", "groups", PARKING],
+        "rmqkit parking archive": ["parking", "archive", PARKING, "--dry-run"],
+        "rmqkit parking restore": ["parking", "restore", PARKING, "--dry-run"],
         "rmqkit parking replay": ["parking", "replay", PARKING, "--dry-run"],
         "rmqkit dedupe init": ["dedupe", "init", "--dsn", store],
         "rmqkit dedupe status": ["dedupe", "status", "--dsn", store],

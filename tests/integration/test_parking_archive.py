@@ -130,6 +130,7 @@ def test_a_group_is_archived_and_restored_exactly(empty: str) -> None:
     assert broker.depths(v, [PARKING, ARCHIVE]) == {PARKING: 200, ARCHIVE: 0}
     after = {r["message_id"]: r for r in _listed(v, PARKING)}
     assert set(after) == set(parked)
+
     def own(headers: dict[str, Any]) -> dict[str, Any]:  # not the queue's delivery counters
         return {k: v for k, v in headers.items() if k not in h.DELIVERY_COUNTERS}
 
