@@ -173,7 +173,7 @@ def _kill_mid_run(vhost: str, command: str, source: str, target: str, total: int
     )
 
 
-@pytest.mark.parametrize("count", [6000])
+@pytest.mark.parametrize("count", [3000])
 def test_kill_9_of_archive_and_of_restore_loses_nothing(empty: str, count: int) -> None:
     v = empty
     parked = set(_park(v, ["ValueError"] * count))
