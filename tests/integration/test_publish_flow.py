@@ -291,7 +291,9 @@ def test_outbox_delay_through_the_relay(
             time.sleep(0.2)
         got = arrive(vhost, "jobs.work", 30, timeout_s=15)
         assert sorted(m["message_id"] for m in got) == sorted(ids)
-        assert all(m["headers"]["rmqkit-delay-ms"] <= 2000 for m in got)  # outbox time deducted
+        # outbox time deducted: what is left of the 2 s (none at all when the relay ran late,
+        # on a loaded machine: then it is published with no delay headers)
+        assert all(m["headers"].get("rmqkit-delay-ms", 0) <= 2000 for m in got)
     finally:
         conn.close()
         if schema is not None:
