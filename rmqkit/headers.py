@@ -73,6 +73,11 @@ REPLAY_COUNT: Final = "rmqkit-replay-count"
 REPLAYED_AT: Final = "rmqkit-replayed-at"
 """str (ISO-8601 UTC): when it was last replayed."""
 
+# --- written by ``rmqkit parking edit`` -----------------------------------------------------------
+EDITED_FROM: Final = "rmqkit-edited-from"
+"""str: the message_id of the parked message this one is an edited copy of (the copy has a
+new message_id of its own; the audit log has the edit)."""
+
 # --- written by ``rmqkit parking archive`` (removed by ``restore``) ------------------------------
 ARCHIVED_AT: Final = "rmqkit-archived-at"
 """str (ISO-8601 UTC): when it was moved from parking to the archive queue."""
@@ -117,6 +122,7 @@ ALL_HEADERS: Final = frozenset(
         REPLAY_COUNT,
         REPLAYED_AT,
         ARCHIVED_AT,
+        EDITED_FROM,
         DELAY_TOP,
         DELAY_EXCHANGE,
         DELAY_ROUTING_KEY,

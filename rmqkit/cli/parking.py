@@ -1,17 +1,23 @@
 """`rmqkit parking list | show | stats | groups | replay | purge | export | import | archive |
-restore`.
+restore | edit`.
 
 The group only: the reading commands live in ``parking_inspect`` (``groups`` in
 ``parking_groups``), the ones that move messages in ``parking_move`` (``archive`` and
-``restore`` in ``parking_archive``), the options they share (one definition) in
-``parking_options``.
+``restore`` in ``parking_archive``, ``edit`` in ``parking_edit``), the options they share
+(one definition) in ``parking_options``.
 """
 
 from __future__ import annotations
 
 import typer
 
-from rmqkit.cli import parking_archive, parking_groups, parking_inspect, parking_move
+from rmqkit.cli import (
+    parking_archive,
+    parking_edit,
+    parking_groups,
+    parking_inspect,
+    parking_move,
+)
 
 app = typer.Typer(
     help="Inspect, replay, purge, export and import parked messages (never losing any).",
@@ -28,3 +34,4 @@ app.command("export")(parking_move.export_cmd)
 app.command("import")(parking_move.import_cmd)
 app.command("archive")(parking_archive.archive_cmd)
 app.command("restore")(parking_archive.restore_cmd)
+app.command("edit")(parking_edit.edit_cmd)

@@ -191,6 +191,7 @@ class QueueModel(_Strict):
     # Strict: a quoted "no" or 1 is an error, not silently a boolean.
     encrypt: StrictBool = False
     blind_index: list[str] = Field(default_factory=list)
+    allow_edit: StrictBool = False  # `parking edit` may change bodies parked from here (audited)
     # The delay publish / outbox.add apply by default to messages routed here (delay ladder).
     delay: DelayMs = None
     # Lanes (file order = match order), a single active consumer, or N partitions by a header

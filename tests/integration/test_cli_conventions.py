@@ -164,6 +164,22 @@ def test_purge_never_asks_when_it_cannot_and_deletes_nothing(target: str, decoy:
     _park(target, PARKED)
 
 
+def _editable(tmp: Path) -> Path:
+    """orders.toml with editing allowed on orders.work (parking edit refuses it otherwise)."""
+    text = ORDERS.read_text(encoding="utf-8").replace(
+        '[queues."orders.work"]', '[queues."orders.work"]\nallow_edit = true', 1
+    )
+    path = tmp / "orders-editable.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _edited_body(tmp: Path) -> Path:
+    path = tmp / "edited.json"
+    path.write_text('{"id": 10, "edited": true}', encoding="utf-8")
+    return path
+
+
 def _json_commands(target: str, tmp: Path, message_id: str) -> dict[str, list[str]]:
     """Every command that has --json, with arguments that work in ``target``."""
     store = f"sqlite:///{tmp / 'dedupe.db'}"
@@ -181,6 +197,19 @@ def _json_commands(target: str, tmp: Path, message_id: str) -> dict[str, list[st
         "rmqkit parking groups": ["parking", "groups", PARKING],
         "rmqkit parking archive": ["parking", "archive", PARKING, "--dry-run"],
         "rmqkit parking restore": ["parking", "restore", PARKING, "--dry-run"],
+        "rmqkit parking edit": [
+            "parking",
+            "edit",
+            PARKING,
+            message_id,
+            "--dry-run",
+            "-t",
+            str(_editable(tmp)),
+            "--body-file",
+            str(_edited_body(tmp)),
+            "--audit-log",
+            str(tmp / "edits.log"),
+        ],
         "rmqkit parking replay": ["parking", "replay", PARKING, "--dry-run"],
         "rmqkit dedupe init": ["dedupe", "init", "--dsn", store],
         "rmqkit dedupe status": ["dedupe", "status", "--dsn", store],

@@ -163,7 +163,7 @@ def test_shell_completion_offers_vhost_everywhere_and_refuses_an_unknown_shell()
     assert _complete("rmqkit parking list --vh") == ["--vhost"]
     assert _complete("rmqkit parking list orders.work.parking --vh") == ["--vhost"]
     assert _complete("rmqkit plan --to") == ["--topology"]
-    assert _complete("rmqkit parking re") == ["replay"]
+    assert _complete("rmqkit parking re") == ["replay", "restore"]
     unknown = rmqkit("completion", "tcsh")
     assert unknown.returncode == 64, unknown.stdout
     assert len(unknown.stderr.strip().splitlines()) == 1, unknown.stderr
