@@ -25,7 +25,7 @@ def archived_headers(message: ParkedMessage, now: datetime) -> dict[str, Any]:
     rmqkit's own headers: the archived copy lists, filters and groups as the parked one did.
     """
     out = h.strip_broker_headers(message.headers)
-    if _text(out.get(h.PARK_REASON)) != message.reason or out.get(h.ERROR_TYPE) is None:
+    if not message.own_parking:
         # The broker's death is the newest: rmqkit's error fields (if any) are older and
         # the views do not show them; the same goes for the copy.
         for stale in (h.ERROR_TYPE, h.ERROR_MESSAGE, h.TRACEBACK, h.FINGERPRINT):
@@ -48,10 +48,6 @@ def restored_headers(message: ParkedMessage, now: datetime) -> dict[str, Any]:
     out = h.strip_broker_headers(message.headers)
     out.pop(h.ARCHIVED_AT, None)
     return out
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _moment(value: datetime | None) -> str | None:

@@ -156,7 +156,8 @@ class ParkedMessage:
     def size(self) -> int:
         return len(self.body)
 
-    def _own_parking(self) -> bool:
+    @property
+    def own_parking(self) -> bool:
         """rmqkit's parking headers describe the newest death (not the broker's, after)."""
         return bool(self.error_type) and _text(self.headers.get(h.PARK_REASON)) == self.reason
 
@@ -164,14 +165,14 @@ class ParkedMessage:
     def failure_id(self) -> str:
         """The id of how this message failed: the consumer's ``rmqkit-fingerprint`` when its
         parking is the newest death, else ``failure().id`` (cheap when the header is there)."""
-        stored = _text(self.headers.get(h.FINGERPRINT)) if self._own_parking() else None
+        stored = _text(self.headers.get(h.FINGERPRINT)) if self.own_parking else None
         return stored or self.failure().id
 
     def failure(self) -> Fingerprint:
         """How this message failed (rmqkit.fingerprint), with ``failure_id`` as its id;
         computed from the reason and error shown (a broker's death carries no error or
         traceback of the application's)."""
-        own = self._own_parking()
+        own = self.own_parking
         traceback = _text(self.headers.get(h.TRACEBACK)) if own else None
         computed = fingerprint(self.reason, self.error_type, self.error_message, traceback)
         stored = _text(self.headers.get(h.FINGERPRINT)) if own else None
