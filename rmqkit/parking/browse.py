@@ -140,13 +140,15 @@ async def _one_pass(
     await channel.qos(size)
     consumer_tag = await channel.consume(queue, on_delivery)
     seen = 0
-    last_tag = 0
-    kept_any = False
+    # The highest tag kept: the one nack(multiple) below names. Not the last tag delivered:
+    # when that one was taken (acked), the broker refuses the nack ("unknown delivery tag",
+    # 406), closes the channel, and the close racing ours ended the whole connection.
+    last_kept = 0
     pending: set[Settlement] = set()
     owners: dict[Settlement, int] = {}
 
     def on_settled(tag: int, future: Settlement) -> None:
-        nonlocal kept_any
+        nonlocal last_kept
         if future not in pending:
             return  # already counted (the final sweep below ran before this callback)
         pending.discard(future)
@@ -155,7 +157,8 @@ async def _one_pass(
             acks.take(tag)
         else:
             stats.kept += 1
-            kept_any = acks.blocked = True
+            acks.blocked = True
+            last_kept = max(last_kept, tag)
 
     acks = _Acks(channel)
     try:
@@ -168,7 +171,6 @@ async def _one_pass(
             else:
                 delivered = inbox.get_nowait()
             tag = int(delivered.delivery.delivery_tag or 0)
-            last_tag = max(last_tag, tag)
             seen += 1
             stats.seen += 1
             message = ParkedMessage.from_delivery(tag, delivered.header.properties, delivered.body)
@@ -188,7 +190,8 @@ async def _one_pass(
                 acks.take(tag)
             else:
                 stats.kept += 1
-                kept_any = acks.blocked = True
+                acks.blocked = True
+                last_kept = max(last_kept, tag)
                 if verdict is Verdict.STOP:
                     stats.stopped_early = True
                     break
@@ -209,9 +212,10 @@ async def _one_pass(
         # Then stop deliveries, or the returned messages would come straight back to us.
         with contextlib.suppress(Exception):
             await channel.cancel(consumer_tag)
-        if kept_any and last_tag and not channel.is_closed:
-            # Every outstanding tag up to last_tag is one we keep: the taken ones are acked.
-            await channel.nack(last_tag, multiple=True, requeue=True)
+        if last_kept and not channel.is_closed:
+            # Every outstanding tag up to last_kept is one we keep (the taken ones are acked);
+            # those after it were all taken.
+            await channel.nack(last_kept, multiple=True, requeue=True)
         # Anything delivered after the cancel was never seen: closing returns it.
         await channel.close()
     if seen:

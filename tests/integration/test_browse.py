@@ -10,6 +10,8 @@ from typing import Any
 import aiormq
 import pytest
 
+from rmqkit.broker.channel import Channel
+from rmqkit.broker.session import Session
 from rmqkit.parking.browse import BrowseIncomplete, Verdict, browse
 from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.parking.ops import list_parked
@@ -138,3 +140,46 @@ def test_a_full_replay_leaves_no_original_behind(vhost: str) -> None:
     # Returned originals would be back within a second or two; give them three.
     time.sleep(3)
     assert broker.depths(vhost, [source, target]) == {source: 0, target: count}
+
+
+@pytest.mark.parametrize("kept", ["first", "middle"])
+def test_a_pass_whose_last_message_is_taken_ends_without_a_channel_error(
+    vhost: str, kept: str
+) -> None:
+    """The kept messages go back with one nack(multiple) naming the highest *kept* tag. Named
+    by the last tag delivered, which was taken (acked), the broker refused it ("unknown
+    delivery tag", 406) and closed the channel; that close racing ours ended the connection
+    of a group archive on 3.10 ("expected 'channel.open'")."""
+    name = f"b.last-taken.{kept}"
+    count = 40
+    _declare(vhost, name)
+    broker.publish_with_ids(vhost, "", name, [(f"t-{i}", b"t") for i in range(count)])
+    keep = {"first": {"t-0"}, "middle": {f"t-{i}" for i in range(10, 20)}}[kept]
+    opened: list[Channel] = []
+
+    class Recording(Session):
+        async def channel(self, *, confirms: bool = False, window: int = 1000) -> Channel:
+            made = await super().channel(confirms=confirms, window=window)
+            opened.append(made)
+            return made
+
+    async def scenario() -> tuple[int, int, list[str]]:
+        conn = await aiormq.connect(with_vhost(broker.BASE_URL, vhost))
+        try:
+
+            async def visit(message: ParkedMessage) -> Verdict:
+                return Verdict.KEEP if message.message_id in keep else Verdict.TAKE
+
+            stats = await browse(Recording(conn), name, visit)
+            await asyncio.sleep(0.3)  # a refusal arrives just after the nack
+            # Our own close ends a channel with a bare ChannelClosed; the broker's, a subclass.
+            ended = [c.closing.exception() for c in opened if c.closing.done()]
+            errors = [str(e) for e in ended if type(e) is not aiormq.exceptions.ChannelClosed]
+            return stats.taken, stats.kept, errors
+        finally:
+            await conn.close()
+
+    taken, kept_count, errors = broker.run(scenario())
+    assert errors == []
+    assert (taken, kept_count) == (count - len(keep), len(keep))
+    assert {m["message_id"] for m in broker.drain(vhost, name)} == keep
