@@ -69,8 +69,10 @@ AUDITED: dict[tuple[str, str], str] = {
         "True for export only after the file is fsynced and in place)"
     ),
     ("parking/browse.py", "elif verdict is Verdict.TAKE:"): "see acks.take",
-    ("parking/browse.py", "await channel.nack(last_tag, multiple=True, requeue=True)"): (
-        "returns every kept message at the end of a pass: nothing removed"
+    ("parking/browse.py", "await channel.nack(last_kept, multiple=True, requeue=True)"): (
+        "returns every kept message at the end of a pass (up to the highest kept tag; those "
+        "after it were all taken and acked): nothing removed — test_browse.py "
+        "last-message-taken"
     ),
     ("parking/ops.py", "return Verdict.TAKE"): (
         "purge: the deletion itself, only of what the operator counted/confirmed — "
