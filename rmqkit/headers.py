@@ -78,6 +78,11 @@ EDITED_FROM: Final = "rmqkit-edited-from"
 """str: the message_id of the parked message this one is an edited copy of (the copy has a
 new message_id of its own; the audit log has the edit)."""
 
+# --- written by the consumer on its retry and park copies when tracing (rmqkit.tracing) --------
+TRACE_LINK: Final = "rmqkit-trace-link"
+"""str (a W3C traceparent): the span of the handling that made this copy; the next handling's
+span, and a replay's, link to it. The trace itself travels in ``traceparent``."""
+
 # --- written by ``rmqkit parking archive`` (removed by ``restore``) ------------------------------
 ARCHIVED_AT: Final = "rmqkit-archived-at"
 """str (ISO-8601 UTC): when it was moved from parking to the archive queue."""
@@ -123,6 +128,7 @@ ALL_HEADERS: Final = frozenset(
         REPLAYED_AT,
         ARCHIVED_AT,
         EDITED_FROM,
+        TRACE_LINK,
         DELAY_TOP,
         DELAY_EXCHANGE,
         DELAY_ROUTING_KEY,

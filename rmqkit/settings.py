@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import SecretStr, field_validator
@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     key_file: Path | None = None
     tls_verify: bool = True
     connect_timeout_s: float = 5.0
+    # OpenTelemetry tracing (rmqkit.tracing, docs/observability.md): "auto" traces when the
+    # API is installed and a tracer provider configured; "on" insists; "off" never.
+    tracing: Literal["auto", "on", "off"] = "auto"
     # The key ring of field-level encryption (docs/encryption.md): a file path or the JSON
     # itself (from a secret manager). Loaded by ``rmqkit.cli.keyring_settings.keyring_of``
     # (settings sit below every layer and cannot import rmqkit.crypto); never printed.

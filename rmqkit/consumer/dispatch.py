@@ -36,6 +36,7 @@ from rmqkit.consumer.decision import (
     HandlerOutcome,
     HandlerTimeout,
     MissingMessageId,
+    Park,
     RetryLater,
     Success,
     TooLarge,
@@ -60,6 +61,7 @@ from rmqkit.consumer.threads import HandlerThreads
 from rmqkit.crypto import KeyRing, decrypt_fields
 from rmqkit.crypto import Undecryptable as UndecryptableField
 from rmqkit.headers import ATTEMPT
+from rmqkit.tracing import Tracing, current_span
 
 log = logging.getLogger("rmqkit.consumer")
 DELIVERY_COUNT = "x-delivery-count"
@@ -79,8 +81,13 @@ class Dispatcher:
         metrics: ConsumerMetrics,
         keyring: KeyRing | None = None,
         hooks: HookRunner | None = None,
+        *,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
+        # OpenTelemetry (rmqkit.tracing): a span per handling (None: off, and the path below
+        # does no tracing work at all).
+        self.tracing = tracing
         # on_success/on_retry/on_park (rmqkit.consumer.hooks): told once an outcome is settled,
         # never awaited here (None: no hook, and nothing below builds an event).
         self.hooks = hooks
@@ -162,7 +169,10 @@ class Dispatcher:
         self.metrics.received()
         self.metrics.in_flight_inc()
         try:
-            await self._handle(delivered, tracker, tag)
+            if self.tracing is None:
+                await self._handle(delivered, tracker, tag)
+            else:
+                await self._handle_traced(self.tracing, delivered, tracker, tag)
         except Exception as exc:
             # Whatever failed on the way (headers, attempts, decryption, the copy), the
             # delivery must still end acked, retried or parked: an unsettled tag on an open
@@ -173,6 +183,23 @@ class Dispatcher:
             self.metrics.in_flight_dec()
             if not self._in_flight:
                 self._idle.set()
+
+    async def _handle_traced(
+        self, tracing: Tracing, delivered: Delivery, tracker: AckTracker, tag: int
+    ) -> None:
+        """``_handle`` inside the delivery's span (the handler's own spans are its children)."""
+        props = delivered.header.properties
+        deliver = delivered.delivery
+        with tracing.processing(
+            props.headers,
+            queue=self.config.queue,
+            exchange=deliver.exchange or "",
+            routing_key=deliver.routing_key or "",
+            message_id=props.message_id,
+            body_size=len(delivered.body),
+            delivery_tag=tag,
+        ):
+            await self._handle(delivered, tracker, tag)
 
     async def _handle(self, delivered: Delivery, tracker: AckTracker, tag: int) -> None:
         props = delivered.header.properties
@@ -270,6 +297,8 @@ class Dispatcher:
         deliver = delivered.delivery
         config = self.config
         hooks = self.hooks
+        if self.tracing is not None:
+            _trace_outcome(outcome, attempt, deliveries)
         if type(outcome) is Success:
             self._finished(tracker, tag)
             if hooks is not None and hooks.wants("success"):
@@ -300,6 +329,10 @@ class Dispatcher:
                 props = delivered.header.properties
                 hooks.emit(copy_event(config, props.message_id, attempt, decision, outcome))
             return
+        if self.tracing is not None:
+            # the next attempt's span (or a replay's) links to this one
+            self.tracing.link_to_current(decision.headers)
+            _trace_decision(decision)
         if hooks is not None:  # told by the copy's confirm (_copy_confirmed)
             props = delivered.header.properties
             event = copy_event(config, props.message_id, attempt, decision, outcome)
@@ -428,3 +461,24 @@ class Dispatcher:
         self.processed += 1
         if tracker.pending_acks >= self._flush_threshold or not self._flush_wanted.is_set():
             self._flush_wanted.set()
+
+
+def _trace_outcome(outcome: HandlerOutcome, attempt: int, deliveries: int) -> None:
+    """The handler's outcome on the current (the delivery's) span."""
+    span = current_span()
+    span.set_attribute("rmqkit.attempt", attempt)
+    span.set_attribute("rmqkit.delivery_count", deliveries)
+    span.set_attribute("rmqkit.outcome", "acked" if type(outcome) is Success else "failed")
+    if type(outcome) is not Success:
+        error = getattr(outcome, "exc_type", None) or getattr(outcome, "error_type", None)
+        span.set_attribute("error.type", str(error or type(outcome).__name__))
+
+
+def _trace_decision(decision: RetryLater | Park) -> None:
+    """What became of a failed delivery, on its span: retried, or parked and why."""
+    span = current_span()
+    if isinstance(decision, Park):
+        span.set_attribute("rmqkit.outcome", "parked")
+        span.set_attribute("rmqkit.parking_reason", decision.reason.value)
+    else:
+        span.set_attribute("rmqkit.outcome", "retried")

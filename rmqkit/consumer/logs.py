@@ -28,8 +28,12 @@ import sys
 import time
 from typing import Any, Final, Literal, TextIO
 
+from rmqkit import tracing
+
 CONTEXT_FIELDS: Final = (
     "message_id",
+    "trace_id",
+    "span_id",
     "attempt",
     "delivered",
     "queue",
@@ -140,12 +144,19 @@ current_message: contextvars.ContextVar[tuple[str | None, int] | None] = context
 
 
 class MessageContextFilter(logging.Filter):
-    """Adds message_id/attempt of the message in hand to records that do not name one."""
+    """Adds message_id/attempt of the message in hand to records that do not name one, and
+    the trace and span ids of the current span when tracing (rmqkit.tracing)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         context = current_message.get()
         if context is not None and getattr(record, "message_id", None) is None:
             record.message_id, record.attempt = context
+        if tracing.active() and getattr(record, "trace_id", None) is None:
+            # here, not in the formatter: a filter runs in the task that logs, where the
+            # delivery's span is the current one
+            ids = tracing.current_ids()
+            if ids is not None:
+                record.trace_id, record.span_id = ids
         return True
 
 

@@ -57,6 +57,7 @@ from rmqkit.consumer.watch import QueueWatch
 from rmqkit.crypto import KeyRing
 from rmqkit.errors import AccessRefused, ConfigError, RmqkitError
 from rmqkit.settings import Settings
+from rmqkit.tracing import tracing
 
 log = logging.getLogger("rmqkit.consumer")
 _PERSISTENT = 2
@@ -110,7 +111,9 @@ class QueueConsumer:
     ) -> None:
         # one delivery's path (checks, handler, outcome, copies, acks) is the dispatcher's; this
         # class owns the connection around it
-        self.dispatcher = Dispatcher(config, handler, metrics, keyring, hooks)
+        self.dispatcher = Dispatcher(
+            config, handler, metrics, keyring, hooks, tracing=tracing(settings.tracing)
+        )
         self.metrics = metrics
         self.settings = settings
         self.watch = QueueWatch(settings, config.queue, missing_is_fatal=missing_is_fatal)

@@ -21,6 +21,7 @@ from rmqkit.durations import parse_delay_ms
 from rmqkit.errors import ConfigError, DataError
 from rmqkit.outbox.schema import AGGREGATE_WRITE_LOCK_SPACE, TABLE
 from rmqkit.store import AsyncSQLiteConnection, dialect_of
+from rmqkit.tracing import TRACEPARENT, context_headers
 
 if TYPE_CHECKING:
     from rmqkit.publishing.routing import Encryptor
@@ -130,6 +131,9 @@ def row_values(
         data = encryptor.encrypt(exchange, routing_key, data, headers, model=model)
     mid = message_id or str(uuid.uuid4())
     problem = wire_problem(exchange, routing_key, mid, content_type or implied)
+    traced = context_headers()  # the caller's span: the relay carries it to the consumer
+    if traced and not (headers and TRACEPARENT in headers):
+        headers = {**(headers or {}), **traced}
     encoded_headers = None
     if headers:
         encoded_headers = json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)

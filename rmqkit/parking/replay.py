@@ -10,6 +10,7 @@ from rmqkit.parking.model import ParkedFilter, ParkedMessage
 from rmqkit.parking.moves import MoveReport, move_parked
 from rmqkit.parking.ops import Progress
 from rmqkit.settings import Settings
+from rmqkit.tracing import tracing
 
 
 def replay_headers(headers: dict[str, Any], now: datetime) -> dict[str, Any]:
@@ -84,12 +85,33 @@ async def replay_parked(
     def route(message: ParkedMessage) -> tuple[str, str] | str:
         return replay_target(message, queue, to_exchange=to_exchange, routing_key=routing_key)
 
+    traced = tracing(settings.tracing)
+
+    def rewrite(message: ParkedMessage, now: datetime) -> dict[str, Any]:
+        out = replay_headers(message.headers, now)
+        if traced is not None:
+            # a `send` span in the message's own trace, linked to the handling that parked
+            # it; the replayed copy's handling is its child
+            target = route(message)
+            exchange, key = target if isinstance(target, tuple) else ("", "")
+            with traced.sending(
+                "send",
+                exchange=exchange,
+                routing_key=key,
+                message_id=message.message_id,
+                body_size=len(message.body),
+                parent=message.headers,
+                name=f"replay {queue}",
+            ):
+                traced.inject(out)
+        return out
+
     return await move_parked(
         settings,
         queue,
         flt,
         route=route,
-        rewrite=lambda message, now: replay_headers(message.headers, now),
+        rewrite=rewrite,
         require_exchange=to_exchange,
         dry_run=dry_run,
         rate=rate,

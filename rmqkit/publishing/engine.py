@@ -22,6 +22,7 @@ from rmqkit.publishing.report import PublishReport
 from rmqkit.publishing.stopping import Stop
 from rmqkit.publishing.targets import require_target
 from rmqkit.settings import Settings
+from rmqkit.tracing import Tracing, tracing
 
 DEFAULT_WINDOW = 1000
 Progress = Callable[[int], None]
@@ -71,7 +72,7 @@ async def publish_messages(
         await require_target(settings, amqp, exchange)  # a queue's name: says how to reach it
         if prepare is not None:
             await prepare(amqp)
-        link = _Link(amqp, window)
+        link = _Link(amqp, window, tracing(settings.tracing))
         await link.open()
         slots = asyncio.Semaphore(window)
         done = 0
@@ -143,9 +144,10 @@ class _Link:
     opened once, and the messages that were in flight with it are sent again on it (their
     first copy's fate is unknown: duplicates are possible, loss is not)."""
 
-    def __init__(self, amqp: Session, window: int) -> None:
+    def __init__(self, amqp: Session, window: int, tracing: Tracing | None = None) -> None:
         self.amqp = amqp
         self.window = window
+        self.tracing = tracing  # a `create` span per message, its context in the headers
         self.limit: int | None = None  # the broker's max_message_size, once it refused one
         self.channel: Channel
         self._lock = asyncio.Lock()
@@ -311,10 +313,24 @@ async def _send_one(
 ) -> bool:
     """Publish one message until it is settled; whether the broker confirmed it (False:
     returned, too large, or nacked after the busy retries)."""
+    key = message.routing_key if message.routing_key is not None else routing_key
+    if message.exchange is not None:
+        exchange = message.exchange
+    headers = message.headers
+    if link.tracing is not None:
+        headers = dict(headers or {})
+        with link.tracing.sending(
+            "create",
+            exchange=exchange,
+            routing_key=key,
+            message_id=message.message_id,
+            body_size=len(message.body),
+        ):
+            link.tracing.inject(headers)
     properties = Properties(
         delivery_mode=2,
         message_id=message.message_id,
-        headers=message.headers,
+        headers=headers,
         content_type=message.content_type,
         correlation_id=message.correlation_id,
         message_type=message.message_type,
@@ -322,9 +338,6 @@ async def _send_one(
         priority=message.priority,
         app_id=message.app_id,
     )
-    key = message.routing_key if message.routing_key is not None else routing_key
-    if message.exchange is not None:
-        exchange = message.exchange
     attempt = 0
     while True:
         if link.limit is not None and len(message.body) > link.limit:

@@ -35,6 +35,7 @@ from rmqkit.publishing.routing import Edge, Encryptor
 from rmqkit.publishing.settling import SETTLED, all_settled, backoff, size_limit_of
 from rmqkit.settings import Settings, load_settings
 from rmqkit.topology import Topology
+from rmqkit.tracing import Tracing, tracing
 
 log = logging.getLogger("rmqkit.publisher")
 
@@ -66,6 +67,7 @@ class Publisher:
     ) -> None:
         self.settings = settings if settings is not None else load_settings()
         self.edge = Edge(topology)
+        self.tracing = tracing(self.settings.tracing)  # None: off
         if keyring is None:
             file, inline = self.settings.keyring_sources()
             keyring = load_keyring(file, inline)
@@ -190,6 +192,9 @@ class Publisher:
         ]
         if not ready:
             return []
+        if self.tracing is not None:
+            for each in ready:
+                _trace(self.tracing, each)
         session = await self._link()
         await self._declare_edge(session, ready)
         results, why = await self._deliver(ready)
@@ -378,3 +383,17 @@ class Publisher:
             # a blocked connection's close is never answered: do not wait on it for long
             with contextlib.suppress(Exception, TimeoutError):
                 await asyncio.wait_for(session.close(), timeout=5)
+
+
+def _trace(tracing: Tracing, ready: Prepared) -> None:
+    """A ``create`` span for one message, a child of the caller's span, in its headers."""
+    headers = dict(ready.properties.headers or {})
+    with tracing.sending(
+        "create",
+        exchange=ready.routed.exchange,
+        routing_key=ready.routed.routing_key,
+        message_id=ready.message_id,
+        body_size=len(ready.body),
+    ):
+        tracing.inject(headers)
+    ready.properties.headers = headers

@@ -787,7 +787,7 @@ def test_truncation() -> None:
 def test_header_names() -> None:
     assert all(name.startswith(h.PREFIX) for name in h.ALL_HEADERS)
     assert not any(name.startswith("x-") for name in h.ALL_HEADERS)
-    assert len(h.ALL_HEADERS) == 25  # 20 of consumer, replay, edit, archive; 5 of the ladder
+    assert len(h.ALL_HEADERS) == 26  # 21 of consumer, tracing, replay, edit, archive; 5 of ladder
     assert {reason.value for reason in h.ParkingReason} >= {
         "permanent",
         "exhausted",
