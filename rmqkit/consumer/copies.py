@@ -133,6 +133,7 @@ class CopySender:
                 text = traceback()
                 if text:
                     extra["traceback"] = text
+            self._metrics.sent(target, "parked" if isinstance(decision, Park) else "retried")
             if isinstance(decision, Park):
                 self._metrics.parked(decision.reason.value)
                 log.warning(
@@ -158,6 +159,7 @@ class CopySender:
         # does not exist, so the original must not be acked. Hold it for the target's backoff
         # (cut short by a stop), then put it back with a reject: unlike nack-requeue on 4.3,
         # that counts toward the delivery limit, so the broker parks it in the end.
+        self._metrics.sent(target, "refused")
         delay = self._refusals.refused(target, outcome.value, extra)
         await self._sleep(delay)
         if tracker.alive and not channel.is_closed:

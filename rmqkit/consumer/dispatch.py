@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 from datetime import UTC, datetime
-from time import perf_counter
+from time import perf_counter, time
 from typing import Any
 
 from rmqkit.broker.session import Channel, Delivery
@@ -168,17 +168,20 @@ class Dispatcher:
         self._in_flight += 1
         self.metrics.received()
         self.metrics.in_flight_inc()
+        started = perf_counter()
+        outcome = "failed"
         try:
             if self.tracing is None:
-                await self._handle(delivered, tracker, tag)
+                outcome = await self._handle(delivered, tracker, tag)
             else:
-                await self._handle_traced(self.tracing, delivered, tracker, tag)
+                outcome = await self._handle_traced(self.tracing, delivered, tracker, tag)
         except Exception as exc:
             # Whatever failed on the way (headers, attempts, decryption, the copy), the
             # delivery must still end acked, retried or parked: an unsettled tag on an open
             # channel is never redelivered and, at the head of the window, stops every ack.
             await self._settle_failure(delivered, tracker, tag, exc)
         finally:
+            self.metrics.processed(outcome, perf_counter() - started)
             self._in_flight -= 1
             self.metrics.in_flight_dec()
             if not self._in_flight:
@@ -186,7 +189,7 @@ class Dispatcher:
 
     async def _handle_traced(
         self, tracing: Tracing, delivered: Delivery, tracker: AckTracker, tag: int
-    ) -> None:
+    ) -> str:
         """``_handle`` inside the delivery's span (the handler's own spans are its children)."""
         props = delivered.header.properties
         deliver = delivered.delivery
@@ -199,10 +202,13 @@ class Dispatcher:
             body_size=len(delivered.body),
             delivery_tag=tag,
         ):
-            await self._handle(delivered, tracker, tag)
+            return await self._handle(delivered, tracker, tag)
 
-    async def _handle(self, delivered: Delivery, tracker: AckTracker, tag: int) -> None:
+    async def _handle(self, delivered: Delivery, tracker: AckTracker, tag: int) -> str:
+        """Handle one delivery; how it ended (the ``rmqkit_outcome`` of its metrics)."""
         props = delivered.header.properties
+        if props.timestamp is not None:
+            self._observe_age(props.timestamp)
         headers: dict[str, Any] = props.headers or {}
         body = delivered.body
         config = self.config
@@ -247,13 +253,18 @@ class Dispatcher:
                     delivered, body, headers, attempt, tracker, tag
                 )
                 if handled is None:  # superseded: acked unhandled
-                    return
+                    return "superseded"
                 outcome = handled
                 if body is not sealed and isinstance(outcome, Failed | Undecodable):
                     # The error's text is stored with the parked copy and logged: never the
                     # values decrypted for the handler (a handler quoting one in its error).
                     outcome = masked(outcome, self.keyring)
-        await self._settle(delivered, tracker, tag, outcome, headers, attempt, deliveries)
+        return await self._settle(delivered, tracker, tag, outcome, headers, attempt, deliveries)
+
+    def _observe_age(self, timestamp: Any) -> None:
+        """The message's age: from its AMQP timestamp (first publish; copies keep it)."""
+        sent = timestamp.timestamp() if isinstance(timestamp, datetime) else float(timestamp)
+        self.metrics.observe_age(max(0.0, time() - sent))
 
     async def _handle_message(
         self,
@@ -291,9 +302,10 @@ class Dispatcher:
         headers: dict[str, Any],
         attempt: int,
         deliveries: int,
-    ) -> None:
+    ) -> str:
         """Ack a success; else decide, and publish the retry or park copy (ciphertext as
-        received: ``delivered.body``, never the decrypted one). A hook hears of it after."""
+        received: ``delivered.body``, never the decrypted one). A hook hears of it after.
+        Returns how it ended: acked, requeued, retried or parked."""
         deliver = delivered.delivery
         config = self.config
         hooks = self.hooks
@@ -304,7 +316,7 @@ class Dispatcher:
             if hooks is not None and hooks.wants("success"):
                 props = delivered.header.properties
                 hooks.emit(success_event(config.queue, props.message_id, attempt, deliver, headers))
-            return
+            return "acked"
         if type(outcome) is HandlerTimeout and self.threads is not None:
             self._check_threads(self.threads)
         decision = decide(
@@ -320,7 +332,7 @@ class Dispatcher:
         )
         if isinstance(decision, Ack):
             self._finished(tracker, tag)
-            return
+            return "acked"
         if isinstance(decision, RetryLater) and decision.requeue:  # retry_engine = "broker"
             put_back = await self._copies.requeue(
                 self._channel, delivered, decision, tracker, tag, attempt, deliveries
@@ -328,7 +340,7 @@ class Dispatcher:
             if put_back and hooks is not None:
                 props = delivered.header.properties
                 hooks.emit(copy_event(config, props.message_id, attempt, decision, outcome))
-            return
+            return "requeued"
         if self.tracing is not None:
             # the next attempt's span (or a replay's) links to this one
             self.tracing.link_to_current(decision.headers)
@@ -349,6 +361,7 @@ class Dispatcher:
         )
         if hooks is not None:
             hooks.forget(tracker, tag)
+        return "parked" if isinstance(decision, Park) else "retried"
 
     def _copy_confirmed(self, tracker: AckTracker, tag: int) -> None:
         """A retry or park copy is confirmed: its original may be acked, then its hook told."""

@@ -37,6 +37,26 @@ Series (all prefixed ``rmqkit_consumer_``):
                                   key replaced in the consumer's window, acked unhandled
 =====================  =========  ===============================================================
 
+Beside them, the messaging semantic conventions' metrics (OpenTelemetry's names in Prometheus
+form; labels ``messaging_system="rabbitmq"`` and ``messaging_destination_name``: the work queue
+a handling consumed from, or the queue a copy was sent to):
+
+===========================================  =========  ==========================================
+``messaging_process_duration_seconds``       histogram  a delivery from receipt to its outcome
+                                                        (handler, and the copy's confirm), by
+                                                        ``rmqkit_outcome``: acked, retried,
+                                                        parked, requeued, superseded, failed
+``messaging_client_consumed_messages_total`` counter    deliveries handled, by ``rmqkit_outcome``
+``messaging_client_sent_messages_total``     counter    retry/park copies sent, by target queue
+                                                        and ``rmqkit_outcome`` (retried, parked,
+                                                        refused)
+``rmqkit_consumer_message_age_seconds``      histogram  at handling, the time since the message
+                                                        was first published (its AMQP timestamp,
+                                                        which retry and park copies and replays
+                                                        keep: the "critical time"); messages
+                                                        without one are not observed
+===========================================  =========  ==========================================
+
 The HTTP endpoints that serve these numbers (``/metrics``, ``/healthz``, ``/readyz``) are
 rmqkit.consumer.health_server's.
 """
@@ -80,6 +100,23 @@ HANDLER_BUCKETS: Final[tuple[float, ...]] = (
     30.0,
     60.0,
 )
+
+# Message age from 1 s (the AMQP timestamp's resolution) to a week: retries and parking make
+# ages of hours and days normal; +Inf is implicit.
+AGE_BUCKETS: Final[tuple[float, ...]] = (
+    1.0,
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+    4 * 3600.0,
+    86400.0,
+    7 * 86400.0,
+)
+SYSTEM: Final = "rabbitmq"
 
 # The Prometheus text exposition format generate_latest() writes. prometheus_client's own
 # CONTENT_TYPE_LATEST names 1.0.0 in recent releases; the body is the 0.0.4 format either way.
@@ -128,6 +165,13 @@ class ConsumerMetrics:
         self._duplicates = 0
         self._stale = 0
         self._superseded = 0
+        # The semantic conventions' series: per outcome, non-cumulative bucket counts (the
+        # last one for +Inf) and the sum of process durations; sent copies per target/outcome.
+        self._process: dict[str, list[int]] = {}
+        self._process_sum: dict[str, float] = {}
+        self._sent: dict[tuple[str, str], int] = {}
+        self._age_buckets = [0] * (len(AGE_BUCKETS) + 1)
+        self._age_sum = 0.0
         self.threads_exhausted_now = False  # until the worker is recycled: not ready
         # Per queue served (a worker serves a work queue's lanes or partitions too, each with
         # its own connection): ready only when every one of them is connected and consuming.
@@ -164,6 +208,26 @@ class ConsumerMetrics:
     def observe_handler(self, seconds: float) -> None:
         self._handler_buckets[bisect_left(HANDLER_BUCKETS, seconds)] += 1
         self._handler_sum += seconds
+
+    def processed(self, outcome: str, seconds: float) -> None:
+        """A delivery's handling ended with ``outcome`` after ``seconds`` from its receipt."""
+        try:
+            buckets = self._process[outcome]
+        except KeyError:
+            buckets = self._process[outcome] = [0] * (len(HANDLER_BUCKETS) + 1)
+            self._process_sum[outcome] = 0.0
+        buckets[bisect_left(HANDLER_BUCKETS, seconds)] += 1
+        self._process_sum[outcome] += seconds
+
+    def sent(self, target: str, outcome: str) -> None:
+        """A retry/park copy to ``target``: ``outcome`` retried, parked or refused."""
+        key = (target, outcome)
+        self._sent[key] = self._sent.get(key, 0) + 1
+
+    def observe_age(self, seconds: float) -> None:
+        """A message handled ``seconds`` after it was first published."""
+        self._age_buckets[bisect_left(AGE_BUCKETS, seconds)] += 1
+        self._age_sum += seconds
 
     def in_flight_inc(self) -> None:
         self._in_flight += 1
@@ -322,6 +386,7 @@ class _Collector(Collector):
             m._handler_sum,
         )
         yield handler
+        yield from _conventions(m)
 
         yield gauge("in_flight", "Handlers running now.", m._in_flight)
         yield counter("reconnects", "AMQP connections re-established after a loss.", m._reconnects)
@@ -374,6 +439,7 @@ class _Collector(Collector):
 
 # As prometheus_client writes them ("0.001", "60.0"); repr is exact for these bounds.
 _BUCKET_LABELS: Final = (*(repr(float(b)) for b in HANDLER_BUCKETS), "+Inf")
+_AGE_LABELS: Final = (*(repr(float(b)) for b in AGE_BUCKETS), "+Inf")
 
 
 __all__ = [
@@ -381,3 +447,48 @@ __all__ = [
     "METRICS_CONTENT_TYPE",
     "ConsumerMetrics",
 ]
+
+
+def _conventions(m: ConsumerMetrics) -> Iterator[Metric]:
+    """The messaging semantic conventions' series (see the module docstring)."""
+    base = ["messaging_system", "messaging_destination_name"]
+    duration = HistogramMetricFamily(
+        "messaging_process_duration_seconds",
+        "Time from a delivery's receipt to its outcome (handler and copy confirm).",
+        labels=[*base, "messaging_operation_name", "rmqkit_outcome"],
+    )
+    consumed = CounterMetricFamily(
+        "messaging_client_consumed_messages",
+        "Deliveries handled, by outcome.",
+        labels=[*base, "rmqkit_outcome"],
+    )
+    for outcome, buckets in list(m._process.items()):
+        cumulative = list(accumulate(buckets))
+        duration.add_metric(
+            [SYSTEM, m.queue, "process", outcome],
+            [(le, float(n)) for le, n in zip(_BUCKET_LABELS, cumulative, strict=True)],
+            m._process_sum[outcome],
+        )
+        consumed.add_metric([SYSTEM, m.queue, outcome], cumulative[-1])
+    yield duration
+    yield consumed
+    sent = CounterMetricFamily(
+        "messaging_client_sent_messages",
+        "Retry and park copies sent, by target queue and outcome.",
+        labels=[*base, "rmqkit_outcome"],
+    )
+    for (target, outcome), count in list(m._sent.items()):
+        sent.add_metric([SYSTEM, target, outcome], count)
+    yield sent
+    age = HistogramMetricFamily(
+        f"{PREFIX}_message_age_seconds",
+        "At handling, seconds since the message was first published (its AMQP timestamp).",
+        labels=["queue"],
+    )
+    cumulative = list(accumulate(m._age_buckets))
+    age.add_metric(
+        [m.queue],
+        [(le, float(n)) for le, n in zip(_AGE_LABELS, cumulative, strict=True)],
+        m._age_sum,
+    )
+    yield age

@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from rmqkit.broker.codec import headers_problem, wire_problem
@@ -282,6 +283,9 @@ class Broker:
                     message_id=row.message_id,
                     content_type=row.content_type,
                     headers=headers,
+                    # when the row was written: the message's age (the consumer's
+                    # rmqkit_consumer_message_age_seconds) counts its time in the table
+                    timestamp=datetime.fromtimestamp(time.time() - row.waited_ms() / 1000, UTC),
                 )
             except ValueError as exc:
                 settled.append(f"headers are not valid JSON: {exc}")

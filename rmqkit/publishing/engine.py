@@ -10,6 +10,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from rmqkit.broker.amqp import map_channel_error
@@ -330,6 +331,7 @@ async def _send_one(
     properties = Properties(
         delivery_mode=2,
         message_id=message.message_id,
+        timestamp=datetime.now(UTC),  # first publish: copies keep it (the message's age)
         headers=headers,
         content_type=message.content_type,
         correlation_id=message.correlation_id,

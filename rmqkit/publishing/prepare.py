@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rmqkit.broker.codec import Properties
@@ -124,6 +124,7 @@ def prepare(
     properties = Properties(
         delivery_mode=2,
         message_id=message_id,
+        timestamp=datetime.now(UTC),  # first publish: copies keep it (the message's age)
         headers=routed.headers,
         content_type=message.content_type or implied,
         correlation_id=message.correlation_id,

@@ -1,0 +1,113 @@
+"""The messaging semantic conventions' metrics of a consumer, scraped from its real /metrics
+after real deliveries: counts by outcome agree with what the broker ends up holding, copies are
+counted by target queue, and the message age spans the retry's wait (the AMQP timestamp of the
+first publish travels with the copy)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+import rmqkit
+from rmqkit.settings import Settings
+from rmqkit.topology import declare_topology
+from rmqkit.topology.expand import wait_queue_names
+from rmqkit.topology.model import parse_topology
+from tests import broker
+
+TOPOLOGY = """
+[exchanges.conv]
+type = "direct"
+
+[queues."conv.work"]
+bind = [{ exchange = "conv", routing_key = "job" }]
+retry_delays = ["1s"]
+max_attempts = 3
+"""
+SPEC = parse_topology(TOPOLOGY, "conv.toml")
+QUEUE, WAIT, PARKING = "conv.work", "conv.work.wait.1s", "conv.work.parking"
+ALL = [QUEUE, *(n for tier in wait_queue_names(SPEC, QUEUE) for n, _ in tier), PARKING]
+
+
+async def _until(done: Any, timeout_s: float = 20.0) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not done():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    want = set(labels.items())
+    found = [v for (n, ls), v in samples.items() if n == name and want <= set(ls)]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+def test_counts_by_outcome_match_the_queues_and_the_age_spans_the_retry(vhost: str) -> None:
+    settings: Settings = broker.settings_for(vhost)
+    broker.run(declare_topology(settings, SPEC))
+    kinds = ["ok"] * 5 + ["transient", "permanent"]
+
+    async def handle(message: rmqkit.Message) -> None:
+        kind = message.json()["kind"]
+        if kind == "permanent":
+            raise rmqkit.Permanent("never")
+        if kind == "transient" and message.attempt == 1:
+            raise ConnectionError("later")
+
+    async def main() -> str:
+        async with rmqkit.Publisher.connect(settings) as pub:
+            await pub.publish_many("conv", "job", [{"kind": k} for k in kinds])
+        consumer = rmqkit.Consumer(
+            handle, queue=QUEUE, topology=SPEC, settings=settings, metrics_port=0
+        )
+        await consumer.start()
+        try:
+            assert await _until(lambda: consumer.processed == len(kinds) + 1)
+            async with httpx.AsyncClient() as client:
+                got = await client.get(f"http://127.0.0.1:{consumer.metrics_port}/metrics")
+            return got.text
+        finally:
+            await consumer.stop(grace_s=5)
+
+    samples = _samples(broker.run(main()))
+    assert broker.depths(vhost, ALL) == {n: (1 if n == PARKING else 0) for n in ALL}
+    base = {"messaging_system": "rabbitmq", "messaging_destination_name": QUEUE}
+    consumed = "messaging_client_consumed_messages_total"
+    assert _value(samples, consumed, **base, rmqkit_outcome="acked") == 6
+    assert _value(samples, consumed, **base, rmqkit_outcome="retried") == 1
+    assert _value(samples, consumed, **base, rmqkit_outcome="parked") == 1
+    duration = "messaging_process_duration_seconds_count"
+    for outcome, n in [("acked", 6), ("retried", 1), ("parked", 1)]:
+        labels = {**base, "messaging_operation_name": "process", "rmqkit_outcome": outcome}
+        assert _value(samples, duration, **labels) == n
+    sent = "messaging_client_sent_messages_total"
+    waits = [  # the retry went to one of the tier's jitter slots
+        v
+        for (n, ls), v in samples.items()
+        if n == sent
+        and dict(ls).get("messaging_destination_name", "").startswith(WAIT)
+        and dict(ls).get("rmqkit_outcome") == "retried"
+    ]
+    assert sum(waits) == 1
+    assert _value(samples, sent, messaging_destination_name=PARKING, rmqkit_outcome="parked") == 1
+    # every handling had the Publisher's timestamp; the retried message's second handling came
+    # at least the shortest jitter slot (500 ms) after its publish (whole-second timestamps
+    # only make an age longer)
+    age = "rmqkit_consumer_message_age_seconds"
+    assert _value(samples, f"{age}_count", queue=QUEUE) == 8
+    assert _value(samples, f"{age}_sum", queue=QUEUE) >= 0.5
