@@ -32,6 +32,10 @@ Contenders:
 ``rmqkit-base``   (with ``--base-tree DIR``) the ``rmqkit`` contender as the checkout DIR has
                   it, e.g. a git worktree of the commit before a change: run in the same
                   rounds, it compares the code before and after under the same load.
+``rmqkit-traced`` the ``rmqkit`` contender with OpenTelemetry tracing on: an SDK tracer provider
+                  with the in-memory exporter (a span per handling, kept in memory), given to
+                  rmqkit with ``rmqkit.tracing.set_tracer_provider``. The messages carry no
+                  traceparent, so each handling starts a trace of its own.
 ``rmqkit-retry``  the same consumer with a handler that fails on attempt 1 and succeeds on
                   attempt 2: each message is copied to a wait queue (confirmed), acked, comes
                   back after ≤ 1 s and is acked. Compared by CPU time per message, since its wall
@@ -66,7 +70,7 @@ TOPOLOGY = common.ROOT / "bench" / "topology.toml"
 QUEUE = "bench.work"
 PREFETCH = 200
 BODY_BYTES = 256
-CONTENDERS = ("aio-pika", "faststream", "rmqkit", "rmqkit-retry", "rmqkit-base")
+CONTENDERS = ("aio-pika", "faststream", "rmqkit", "rmqkit-traced", "rmqkit-retry", "rmqkit-base")
 THROUGHPUT = ("aio-pika", "faststream", "rmqkit")
 POLL_S = 0.002  # how often a worker checks whether it is done (the same for every contender)
 RSS_EVERY_S = 0.1
@@ -154,7 +158,9 @@ async def _worker_faststream(url: str, n: int) -> dict[str, Any]:
     return {**result, "settled": Clock.calls}
 
 
-async def _worker_rmqkit(url: str, n: int, handler_spec: str, target: int) -> dict[str, Any]:
+async def _worker_rmqkit(
+    url: str, n: int, handler_spec: str, target: int, traced: bool = False
+) -> dict[str, Any]:
     from rmqkit.consumer.config import ConsumerFlags, build_config, policy_from_topology
     from rmqkit.consumer.handler import load_handler
     from rmqkit.consumer.logs import configure_logging
@@ -164,6 +170,17 @@ async def _worker_rmqkit(url: str, n: int, handler_spec: str, target: int) -> di
     from rmqkit.topology import load_topology
 
     settings = load_settings(url=url)
+    if traced:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        from rmqkit import tracing
+
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+        tracing.set_tracer_provider(provider)
+        settings = settings.model_copy(update={"tracing": "on"})
     spec = load_topology(TOPOLOGY)
     flags = ConsumerFlags()
     policy = policy_from_topology(spec, QUEUE, flags.max_attempts)
@@ -210,6 +227,8 @@ def worker_main(args: argparse.Namespace) -> int:
         coro = _worker_faststream(url, args.messages)
     elif args.worker == "rmqkit":
         coro = _worker_rmqkit(url, args.messages, "bench.handlers:noop", args.messages)
+    elif args.worker == "rmqkit-traced":
+        coro = _worker_rmqkit(url, args.messages, "bench.handlers:noop", args.messages, True)
     elif args.worker == "rmqkit-retry":
         # every message is settled twice: its first delivery when the retry copy is confirmed,
         # its second when the handler succeeds
@@ -374,6 +393,12 @@ def _summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
         ok["cpu_ratio_vs_base_tree"] = (
             ok["cpu_us_per_msg_median"] / base_tree["cpu_us_per_msg_median"]
         )
+    if "rmqkit" in summary and "rmqkit-traced" in summary:
+        ok, traced = summary["rmqkit"], summary["rmqkit-traced"]
+        traced["ratio_vs_rmqkit"] = traced["msg_per_s_median"] / ok["msg_per_s_median"]
+        traced["cpu_ratio_vs_rmqkit"] = (
+            traced["cpu_us_per_msg_median"] / ok["cpu_us_per_msg_median"]
+        )
     if "rmqkit" in summary and "rmqkit-retry" in summary:
         ok, retry = summary["rmqkit"], summary["rmqkit-retry"]
         retry["cpu_ratio_vs_rmqkit_success"] = (
@@ -384,7 +409,7 @@ def _summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _table(summary: dict[str, Any]) -> str:
     head = (
-        f"{'contender':<14}{'runs':>5}{'msg/s (median)':>16}{'x aio-pika':>12}"
+        f"{'contender':<15}{'runs':>5}{'msg/s (median)':>16}{'x aio-pika':>12}"
         f"{'CPU µs/msg':>12}{'RSS MB':>9}{'others':>8}  all rounds (msg/s)"
     )
     lines = [head, "-" * len(head)]
@@ -394,7 +419,7 @@ def _table(summary: dict[str, Any]) -> str:
             continue
         ratio = s.get("ratio_vs_aiopika")
         lines.append(
-            f"{name:<14}{s['runs']:>5}{s['msg_per_s_median']:>16,.0f}"
+            f"{name:<15}{s['runs']:>5}{s['msg_per_s_median']:>16,.0f}"
             f"{(f'{ratio:.2f}x' if ratio else '-'):>12}{s['cpu_us_per_msg_median']:>12.1f}"
             f"{s['rss_mb_median']:>9.1f}{s['foreign_cpu_share_max']:>8.0%}"
             f"  {', '.join(f'{x:,}' for x in s['msg_per_s_all'])}"
@@ -404,6 +429,12 @@ def _table(summary: dict[str, Any]) -> str:
         lines.append(
             "rmqkit-retry: msg/s is end to end (includes the ≤ 1 s tier wait); CPU per message "
             f"is {retry['cpu_ratio_vs_rmqkit_success']:.2f}x the success path's"
+        )
+    traced = summary.get("rmqkit-traced", {})
+    if "ratio_vs_rmqkit" in traced:
+        lines.append(
+            f"rmqkit-traced vs rmqkit: {traced['ratio_vs_rmqkit']:.2f}x the rate, "
+            f"{traced['cpu_ratio_vs_rmqkit']:.2f}x the CPU per message"
         )
     if "ratio_vs_base_tree" in summary.get("rmqkit", {}):
         ok = summary["rmqkit"]
