@@ -103,6 +103,7 @@ class Commands(LazyGroup):
         LazyCommand("outbox", "rmqkit.cli.outbox", "app", group=True),
         LazyCommand("dedupe", "rmqkit.cli.dedupe", "app", group=True),
         LazyCommand("keys", "rmqkit.cli.keys", "app", group=True),
+        LazyCommand("deploy", "rmqkit.cli.deploy", "app", group=True),
         LazyCommand("completion", "rmqkit.cli.completion", "completion"),
     )
 
