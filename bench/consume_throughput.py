@@ -197,7 +197,7 @@ async def _worker_rmqkit(
         # All settled (processed) and acked: nothing left in the ack tracker, whose prefix is
         # taken just before the basic.ack(multiple=True) frame is written. (Not the acked
         # metric: it under-counts, see docs/benchmarks.md.)
-        return consumer.processed >= target and consumer._tracker.outstanding == 0
+        return consumer.processed >= target and consumer.dispatcher._tracker.outstanding == 0
 
     try:
         result = await _watch(done)

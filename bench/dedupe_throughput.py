@@ -90,7 +90,7 @@ async def _worker(
     def done() -> bool:
         if run.done():
             run.result()
-        return consumer.processed >= n and consumer._tracker.outstanding == 0
+        return consumer.processed >= n and consumer.dispatcher._tracker.outstanding == 0
 
     try:
         result = await ct._watch(done)

@@ -59,7 +59,9 @@ async def _worker_embedded(url: str, n: int) -> dict[str, Any]:
 
     def done() -> bool:
         # settled and acked: nothing left in the ack trackers (as for the rmqkit contender)
-        return consumer.processed >= n and all(r._tracker.outstanding == 0 for r in runners)
+        return consumer.processed >= n and all(
+            r.dispatcher._tracker.outstanding == 0 for r in runners
+        )
 
     try:
         result = await ct._watch(done)

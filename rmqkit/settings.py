@@ -103,6 +103,9 @@ class Settings(BaseSettings):
     # OpenTelemetry tracing (rmqkit.tracing, docs/observability.md): "auto" traces when the
     # API is installed and a tracer provider configured; "on" insists; "off" never.
     tracing: Literal["auto", "on", "off"] = "auto"
+    # The consumer's semantic-convention metrics through OpenTelemetry too (rmqkit.otel_metrics:
+    # OTLP export beside Prometheus), by the same rule.
+    otel_metrics: Literal["auto", "on", "off"] = "auto"
     # The key ring of field-level encryption (docs/encryption.md): a file path or the JSON
     # itself (from a secret manager). Loaded by ``rmqkit.cli.keyring_settings.keyring_of``
     # (settings sit below every layer and cannot import rmqkit.crypto); never printed.

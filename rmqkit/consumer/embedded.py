@@ -34,6 +34,7 @@ from rmqkit.consumer.routing import Router
 from rmqkit.consumer.runner import QueueConsumer
 from rmqkit.crypto import KeyRing, load_keyring
 from rmqkit.errors import BrokerUnavailable, UsageError
+from rmqkit.otel_metrics import otel_metrics
 from rmqkit.settings import Settings, load_settings
 from rmqkit.topology import load_topology
 from rmqkit.topology.model import Topology
@@ -275,6 +276,7 @@ class Consumer:
     def _build(self, config: ConsumerConfig, *, cautious: bool) -> ConsumerMetrics:
         self._config = config
         metrics = self._metrics = ConsumerMetrics(config.queue, config.tier_names)
+        metrics.otel = otel_metrics(self._settings.otel_metrics, config.queue)
         # One hook caller for every served queue, off their delivery paths (None: no hook).
         self._hook_runner = HookRunner(self._hooks) if self._hooks is not None else None
         # One consumer per served queue (the work queue and its lanes, or the partitions),

@@ -79,6 +79,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 
 from rmqkit.headers import ParkingReason
+from rmqkit.otel_metrics import OtelMetrics
 
 PREFIX: Final = "rmqkit_consumer"
 
@@ -172,6 +173,9 @@ class ConsumerMetrics:
         self._sent: dict[tuple[str, str], int] = {}
         self._age_buckets = [0] * (len(AGE_BUCKETS) + 1)
         self._age_sum = 0.0
+        # The same numbers through the OpenTelemetry metrics API (rmqkit.otel_metrics), for
+        # OTLP export; None: off, recorded here only.
+        self.otel: OtelMetrics | None = None
         self.threads_exhausted_now = False  # until the worker is recycled: not ready
         # Per queue served (a worker serves a work queue's lanes or partitions too, each with
         # its own connection): ready only when every one of them is connected and consuming.
@@ -218,16 +222,22 @@ class ConsumerMetrics:
             self._process_sum[outcome] = 0.0
         buckets[bisect_left(HANDLER_BUCKETS, seconds)] += 1
         self._process_sum[outcome] += seconds
+        if self.otel is not None:
+            self.otel.processed(outcome, seconds)
 
     def sent(self, target: str, outcome: str) -> None:
         """A retry/park copy to ``target``: ``outcome`` retried, parked or refused."""
         key = (target, outcome)
         self._sent[key] = self._sent.get(key, 0) + 1
+        if self.otel is not None:
+            self.otel.sent(target, outcome)
 
     def observe_age(self, seconds: float) -> None:
         """A message handled ``seconds`` after it was first published."""
         self._age_buckets[bisect_left(AGE_BUCKETS, seconds)] += 1
         self._age_sum += seconds
+        if self.otel is not None:
+            self.otel.age(seconds)
 
     def in_flight_inc(self) -> None:
         self._in_flight += 1

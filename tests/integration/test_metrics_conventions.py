@@ -1,7 +1,7 @@
 """The messaging semantic conventions' metrics of a consumer, scraped from its real /metrics
 after real deliveries: counts by outcome agree with what the broker ends up holding, copies are
 counted by target queue, and the message age spans the retry's wait (the AMQP timestamp of the
-first publish travels with the copy)."""
+first publish travels with the copy); the same numbers through OpenTelemetry's metrics API."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import asyncio
 from typing import Any
 
 import httpx
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client.parser import text_string_to_metric_families
 
 import rmqkit
+from rmqkit import otel_metrics
 from rmqkit.settings import Settings
 from rmqkit.topology import declare_topology
 from rmqkit.topology.expand import wait_queue_names
@@ -57,8 +60,26 @@ def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
     return found[0]
 
 
+def _otel_points(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any], Any]]]:
+    """Each instrument's data points (attributes, point) as the SDK would export them."""
+    out: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    out.setdefault(metric.name, []).append((dict(point.attributes or {}), point))
+    return out
+
+
 def test_counts_by_outcome_match_the_queues_and_the_age_spans_the_retry(vhost: str) -> None:
+    """And the same numbers through OpenTelemetry's metrics API (what an OTLP exporter would
+    send), from an SDK meter provider with an in-memory reader."""
     settings: Settings = broker.settings_for(vhost)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    otel_metrics.set_meter_provider(provider)
     broker.run(declare_topology(settings, SPEC))
     kinds = ["ok"] * 5 + ["transient", "permanent"]
 
@@ -84,7 +105,12 @@ def test_counts_by_outcome_match_the_queues_and_the_age_spans_the_retry(vhost: s
         finally:
             await consumer.stop(grace_s=5)
 
-    samples = _samples(broker.run(main()))
+    try:
+        samples = _samples(broker.run(main()))
+        points = _otel_points(reader)
+    finally:
+        otel_metrics.set_meter_provider(None)
+        provider.shutdown()
     assert broker.depths(vhost, ALL) == {n: (1 if n == PARKING else 0) for n in ALL}
     base = {"messaging_system": "rabbitmq", "messaging_destination_name": QUEUE}
     consumed = "messaging_client_consumed_messages_total"
@@ -111,3 +137,20 @@ def test_counts_by_outcome_match_the_queues_and_the_age_spans_the_retry(vhost: s
     age = "rmqkit_consumer_message_age_seconds"
     assert _value(samples, f"{age}_count", queue=QUEUE) == 8
     assert _value(samples, f"{age}_sum", queue=QUEUE) >= 0.5
+
+    # OpenTelemetry: the same counts, under the conventions' instrument names
+    consumed_otel = {
+        a["rmqkit.outcome"]: p.value
+        for a, p in points["messaging.client.consumed.messages"]
+        if a["messaging.destination.name"] == QUEUE and a["messaging.system"] == "rabbitmq"
+    }
+    assert consumed_otel == {"acked": 6, "retried": 1, "parked": 1}
+    durations = {a["rmqkit.outcome"]: p.count for a, p in points["messaging.process.duration"]}
+    assert durations == {"acked": 6, "retried": 1, "parked": 1}
+    sent_otel = {
+        (a["messaging.destination.name"].startswith(WAIT), a["rmqkit.outcome"]): p.value
+        for a, p in points["messaging.client.sent.messages"]
+    }
+    assert sent_otel == {(True, "retried"): 1, (False, "parked"): 1}
+    [(_, age_point)] = points["rmqkit.message.age"]
+    assert age_point.count == 8 and age_point.sum >= 0.5
