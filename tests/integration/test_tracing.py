@@ -29,6 +29,8 @@ from rmqkit.consumer.logs import JsonFormatter, MessageContextFilter
 from rmqkit.outbox import RelayOptions, run_relay
 from rmqkit.parking.model import ParkedFilter
 from rmqkit.parking.replay import replay_parked
+from rmqkit.publishing.engine import publish_messages
+from rmqkit.publishing.inputs import OutgoingMessage
 from rmqkit.settings import Settings
 from rmqkit.topology import declare_topology
 from rmqkit.topology.model import parse_topology
@@ -318,3 +320,33 @@ def test_a_malformed_or_hostile_trace_header_never_costs_a_message(
     assert len(process) == len(hostile)
     assert all(s.parent is None and not s.links for s in process)
     assert len({s.context.trace_id for s in process}) == len(hostile)
+
+
+def test_rmqkit_publish_engine_carries_the_current_trace(
+    provider: TracerProvider, exporter: InMemorySpanExporter, traced: Settings, vhost: str
+) -> None:
+    """`rmqkit publish`'s engine (the command runs it; under opentelemetry-instrument the
+    provider is global): a `create` span per message, a child of the current span, its
+    traceparent in the message the broker holds."""
+
+    async def main() -> int:
+        with provider.get_tracer("ops").start_as_current_span("backfill") as span:
+            report = await publish_messages(
+                traced,
+                "traced",
+                "job",
+                [OutgoingMessage(b'{"n": 1}', "cli-1"), OutgoingMessage(b'{"n": 2}', "cli-2")],
+            )
+        assert report.confirmed == 2
+        return span.get_span_context().trace_id
+
+    trace_id = broker.run(main())
+    created = [s for s in exporter.get_finished_spans() if s.name == "create traced"]
+    assert len(created) == 2
+    assert {s.context.trace_id for s in created} == {trace_id}
+    held = {m["message_id"]: m["headers"] for m in broker.drain(vhost, QUEUE)}
+    assert set(held) == {"cli-1", "cli-2"}
+    by_id = {(s.attributes or {}).get("messaging.message.id"): s for s in created}
+    for message_id, headers in held.items():
+        span_id = format(by_id[message_id].context.span_id, "016x")
+        assert str(headers["traceparent"]).split("-")[1:3] == [format(trace_id, "032x"), span_id]
