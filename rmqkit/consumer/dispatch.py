@@ -69,6 +69,8 @@ HOST = socket.gethostname()
 # How far past the handler timeout a delivery may stay undecided before the watchdog names it
 # (a timed-out handler's retry copy is confirmed within milliseconds).
 WATCHDOG_MARGIN_S = 1.0
+# An AMQP timestamp above this (the year 5138 in seconds) is taken for milliseconds.
+MILLISECONDS_FROM = 1e11
 
 
 class Dispatcher:
@@ -262,8 +264,17 @@ class Dispatcher:
         return await self._settle(delivered, tracker, tag, outcome, headers, attempt, deliveries)
 
     def _observe_age(self, timestamp: Any) -> None:
-        """The message's age: from its AMQP timestamp (first publish; copies keep it)."""
-        sent = timestamp.timestamp() if isinstance(timestamp, datetime) else float(timestamp)
+        """The message's age: from its AMQP timestamp (first publish; copies keep it).
+
+        Seconds by the spec; many producers write milliseconds, so a value past the year 5000
+        as seconds is read as ms. Whatever else a producer put there is not observed: a
+        metric must never cost a message its handling."""
+        try:
+            sent = timestamp.timestamp() if isinstance(timestamp, datetime) else float(timestamp)
+        except (TypeError, ValueError, OverflowError, OSError):
+            return
+        if sent > MILLISECONDS_FROM:
+            sent /= 1000.0
         self.metrics.observe_age(max(0.0, time() - sent))
 
     async def _handle_message(

@@ -6,8 +6,10 @@ first publish travels with the copy); the same numbers through OpenTelemetry's m
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
+import aiormq
 import httpx
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -15,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import rmqkit
 from rmqkit import otel_metrics
+from rmqkit.broker.codec import TypedProperties
+from rmqkit.broker.codec.fieldtypes import Timestamp
 from rmqkit.settings import Settings
 from rmqkit.topology import declare_topology
 from rmqkit.topology.expand import wait_queue_names
@@ -154,3 +158,54 @@ def test_counts_by_outcome_match_the_queues_and_the_age_spans_the_retry(vhost: s
     assert sent_otel == {(True, "retried"): 1, (False, "parked"): 1}
     [(_, age_point)] = points["rmqkit.message.age"]
     assert age_point.count == 8 and age_point.sum >= 0.5
+
+
+def test_any_timestamp_a_producer_wrote_never_costs_a_message(vhost: str) -> None:
+    """The age is a metric: a timestamp in milliseconds (read as such), 0, the largest uint64
+    or one in the future is observed or skipped, and every message is handled and acked."""
+    settings: Settings = broker.settings_for(vhost)
+    broker.run(declare_topology(settings, SPEC))
+    before = broker.depths(vhost, ALL)  # the module's vhost: an earlier test parked one
+    now = int(time.time())
+    stamps = [now * 1000 - 1_800_000, 0, 2**64 - 1, now + 86_400, now - 60]
+    seen: list[str] = []
+
+    async def handle(message: rmqkit.Message) -> None:
+        seen.append(str(message.message_id))
+
+    async def main() -> str:
+        conn = await aiormq.connect(settings.amqp_urls[0])
+        try:
+            channel = await conn.channel()
+            for n, stamp in enumerate(stamps):
+                props = TypedProperties(
+                    message_id=f"ts-{n}", delivery_mode=2, timestamp=Timestamp(stamp)
+                )
+                await channel.basic_publish(
+                    b"{}", exchange="conv", routing_key="job", properties=props
+                )
+        finally:
+            await conn.close()
+        consumer = rmqkit.Consumer(
+            handle, queue=QUEUE, topology=SPEC, settings=settings, metrics_port=0
+        )
+        await consumer.start()
+        try:
+            assert await _until(lambda: consumer.processed == len(stamps))
+            async with httpx.AsyncClient() as client:
+                got = await client.get(f"http://127.0.0.1:{consumer.metrics_port}/metrics")
+            return got.text
+        finally:
+            await consumer.stop(grace_s=5)
+
+    samples = _samples(broker.run(main()))
+    assert sorted(seen) == [f"ts-{n}" for n in range(len(stamps))]
+    assert broker.depths(vhost, ALL) == before
+    consumed = "messaging_client_consumed_messages_total"
+    assert _value(samples, consumed, messaging_destination_name=QUEUE, rmqkit_outcome="acked") == 5
+    age = "rmqkit_consumer_message_age_seconds"
+    # all five observed: the ms one (half an hour), the future one and the uint64 maximum (read
+    # as ms, still the future) as at most an hour; the epoch as decades; none as a failure
+    assert _value(samples, f"{age}_count", queue=QUEUE) == 5
+    assert _value(samples, f"{age}_bucket", queue=QUEUE, le="900.0") == 3  # not the ms one
+    assert _value(samples, f"{age}_bucket", queue=QUEUE, le="3600.0") == 4
