@@ -80,8 +80,10 @@ FILL_WINDOW = 5000  # the fill is not measured: as fast as the broker takes it
 # --- orchestrator side ----------------------------------------------------------------------------
 
 
-async def _fill(url: str, n: int) -> float:
+async def _fill(url: str, n: int, *, fingerprints: bool = False) -> float:
     """Park ``n`` messages (persistent, pipelined confirmed publishes); returns msg/s.
+    ``fingerprints``: with the ``rmqkit-fingerprint`` header today's consumer writes (without:
+    as parked before fingerprints, each computed from the stored traceback when read).
 
     The fill is not what is measured, and encoding a header table this size costs pamqp more
     CPU than the broker spends storing the message: the properties are encoded once per header
@@ -104,7 +106,7 @@ async def _fill(url: str, n: int) -> float:
     templates = [
         spec.Basic.Properties(
             content_type="application/json",
-            headers=parked_headers(i, now),
+            headers=parked_headers(i, now, fingerprints=fingerprints),
             delivery_mode=2,
             message_id=placeholder,
             timestamp=now.replace(microsecond=0),

@@ -95,8 +95,9 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def parked_headers(i: int, now: datetime) -> dict[str, Any]:
-    """Headers of a message rmqkit's consumer parked (spread over the last two days)."""
+def parked_headers(i: int, now: datetime, *, fingerprints: bool = False) -> dict[str, Any]:
+    """Headers of a message rmqkit's consumer parked (spread over the last two days);
+    ``fingerprints``: with the failure fingerprint today's consumer writes."""
     reason, etype, emsg = ERRORS[i % len(ERRORS)]
     last = now - timedelta(seconds=(i * 37) % 172_800)
     headers: dict[str, Any] = {
@@ -117,6 +118,11 @@ def parked_headers(i: int, now: datetime) -> dict[str, Any]:
         headers["rmqkit-retry-delay-ms"] = 1000
     if reason != "undecodable":
         headers["rmqkit-traceback"] = TRACEBACK
+    if fingerprints:
+        from rmqkit.fingerprint import fingerprint
+
+        traceback = headers.get("rmqkit-traceback")
+        headers["rmqkit-fingerprint"] = fingerprint(reason, etype, emsg, traceback).id
     return headers
 
 

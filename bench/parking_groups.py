@@ -7,8 +7,9 @@ Run from the repository root (a broker from docker-compose or scripts/broker-up)
 What it does: creates a throwaway vhost, declares the parking benchmark's one-queue topology,
 parks N messages once (bench.parking_bench's fill: 1 KB bodies, the headers the consumer writes,
 512 header templates over four distinct failures, each failure's message with varying numbers
-and ids), then per round, in an order rotated every round, times three contenders, each a
-process of its own from start to exit:
+and ids; with the ``rmqkit-fingerprint`` header today's consumer writes, or with ``--legacy``
+without it, as parked before fingerprints), then per round, in an order rotated every round,
+times three contenders, each a process of its own from start to exit:
 
 * ``groups``: ``rmqkit parking groups bench.work.parking --json`` (checks ``matched == N`` and
   that the four failures make exactly four groups);
@@ -100,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", dest="json_out")
+    parser.add_argument(
+        "--legacy",
+        action="store_true",
+        help="park without the rmqkit-fingerprint header (as parked before fingerprints: "
+        "each message's is computed from its stored traceback)",
+    )
     parser.add_argument("--worker-raw", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker_raw:
@@ -116,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             common.declare(topology, url)
         finally:
             topology.unlink()
-        rate = asyncio.run(_fill(url, n))
-        print(f"parked {n} messages ({rate:,.0f}/s)", flush=True)
+        rate = asyncio.run(_fill(url, n, fingerprints=not args.legacy))
+        how = "without fingerprint headers" if args.legacy else "with fingerprint headers"
+        print(f"parked {n} messages {how} ({rate:,.0f}/s)", flush=True)
         for rnd in range(args.rounds):
             order = CONTENDERS[rnd % 3 :] + CONTENDERS[: rnd % 3]
             for contender in order:
@@ -150,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": common.command_line("bench.parking_groups"),
-        "params": {"messages": n, "rounds": args.rounds},
+        "params": {"messages": n, "rounds": args.rounds, "legacy": args.legacy},
         "machine": common.machine_facts(load_before),
         "broker": common.broker_facts(),
         "versions": common.versions(),
