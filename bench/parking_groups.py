@@ -14,8 +14,9 @@ times three contenders, each a process of its own from start to exit:
 * ``groups``: ``rmqkit parking groups bench.work.parking --json`` (checks ``matched == N`` and
   that the four failures make exactly four groups);
 * ``stats``: ``rmqkit parking stats bench.work.parking --json`` (checks the count);
-* ``raw``: a plain aio-pika loop that receives all N without acking and closes the channel (what
-  a browse must at least do: every message over the wire once), in a child interpreter.
+* ``raw``: a plain aio-pika loop that receives all N without acking, in passes of at most
+  60,000 each closed to requeue them (what a browse must at least do: every message over the
+  wire once), in a child interpreter.
 
 After each run the queue must hold N again (nothing consumed). Prints the medians of the rounds
 and the ratios to ``stats`` and ``raw``; ``--json`` writes every sample. docs/benchmarks.md,
@@ -48,21 +49,29 @@ LIMIT_S = 10.0  # what `groups` on 100,000 parked messages must answer within
 
 
 async def _raw_browse(url: str, n: int) -> None:
-    """Receive all ``n`` without acking, then close: the broker requeues every one."""
+    """Receive all ``n`` without acking, in passes of at most 60,000 (prefetch is 16-bit; a
+    quorum queue caps an unlimited one at 2,000, and nothing is acked to free it): each pass
+    on a channel of its own, closed once its messages are in, so the broker requeues them
+    (behind the rest, on 3.x: the next pass gets the next ones). What rmqkit's browse does,
+    without anything else."""
     import aio_pika
 
     conn = await aio_pika.connect(url)
     try:
-        channel = await conn.channel()
-        await channel.set_qos(prefetch_count=0)  # no limit: nothing is acked, all N must come
-        queue = await channel.get_queue(PARKING, ensure=False)
-        seen = 0
-        async with queue.iterator(no_ack=False) as messages:
-            async for _ in messages:
-                seen += 1
-                if seen == n:
-                    break
-        await channel.close()
+        remaining = n
+        while remaining > 0:
+            size = min(remaining, 60_000)
+            channel = await conn.channel()
+            await channel.set_qos(prefetch_count=size)
+            queue = await channel.get_queue(PARKING, ensure=False)
+            seen = 0
+            async with queue.iterator(no_ack=False) as messages:
+                async for _ in messages:
+                    seen += 1
+                    if seen == size:
+                        break
+            await channel.close()
+            remaining -= size
     finally:
         await conn.close()
 
