@@ -14,6 +14,7 @@ import typer
 from rmqkit.cli.common import run_async, settings_from
 from rmqkit.cli.completion import complete_queue
 from rmqkit.cli.keyring_settings import keyring_of
+from rmqkit.cli.parking_options import sensitive_for
 from rmqkit.cli.render import stderr
 from rmqkit.parking.audit import DEFAULT_AUDIT_LOG
 from rmqkit.parking.edit import Editor, EditResult, body_from_file, edit_parked, run_editor
@@ -62,6 +63,7 @@ def edit_cmd(
     or a failed editor publishes nothing (exit 64)."""
     settings = settings_from(ctx)
     spec = load_topology(topology)
+    redact = sensitive_for(topology, queue)  # a dry run shows the body as `parking show` does
     edit: Editor = run_editor
     if body_file is not None:
         # Read before the broker is touched: a file that cannot be read changes nothing.
@@ -85,18 +87,19 @@ def edit_cmd(
         )
     )
     if as_json:
-        print(json.dumps(result.as_dict(), ensure_ascii=False, default=str))
+        print(json.dumps(result.as_dict(redact), ensure_ascii=False, default=str))
         return
-    _render(result)
+    _render(result, redact)
 
 
-def _render(result: EditResult) -> None:
+def _render(result: EditResult, redact: frozenset[str]) -> None:
     target = f"exchange {result.exchange or '(default)'} key {result.routing_key}"
     checked = f", validated as {result.validated_as}" if result.validated_as else ""
     if result.dry_run:
         print(f"would publish the edited {result.message_id} → {target}{checked}")
-        print(json.dumps(result.as_dict()["headers"], indent=2, ensure_ascii=False, default=str))
-        shown = result.as_dict()["body"]
+        shown_result = result.as_dict(redact)
+        print(json.dumps(shown_result["headers"], indent=2, ensure_ascii=False, default=str))
+        shown = shown_result["body"]
         print(shown if isinstance(shown, str) else json.dumps(shown, indent=2, ensure_ascii=False))
         stderr.print("dry run: nothing published, removed or logged", highlight=False)
         return

@@ -63,7 +63,7 @@ from rmqkit.errors import BrokerError, DataError, OutputError, UsageError
 from rmqkit.parking.audit import DEFAULT_AUDIT_LOG, AuditLog, EditRecord, amqp_user, os_user
 from rmqkit.parking.audit import body_digest as digest
 from rmqkit.parking.browse import BrowseIncomplete, Settlement, Verdict, browse
-from rmqkit.parking.model import ParkedMessage, json_safe
+from rmqkit.parking.model import ParkedMessage, json_safe, redact_body
 from rmqkit.parking.ops import find_parked, message_identity, parking_session
 from rmqkit.parking.replay import replay_headers, replay_target
 from rmqkit.publishing.ids import new_message_id
@@ -99,9 +99,11 @@ class EditResult:
     headers: dict[str, Any] = field(default_factory=dict)  # of the copy
     body: bytes = b""  # the edited body
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, redact: frozenset[str] = frozenset()) -> dict[str, Any]:
         """The ``--json`` result: a dry run adds the copy's headers and body (the body as
-        parsed JSON when it is JSON, else text), which a real run leaves out."""
+        parsed JSON when it is JSON, else text), which a real run leaves out; shown as every
+        parking view shows a body (``redact_body``): encrypted fields as ``[encrypted kid=…]``,
+        the ``redact`` fields (the topology's sensitive ones) masked."""
         document: dict[str, Any] = {
             "dry_run": self.dry_run,
             "queue": self.queue,
@@ -117,7 +119,7 @@ class EditResult:
         }
         if self.dry_run:
             document["headers"] = json_safe(self.headers)
-            document["body"] = shown_body(self.body)
+            document["body"] = redact_body(self.body, redact)
         return document
 
 

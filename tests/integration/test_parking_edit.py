@@ -481,3 +481,26 @@ def test_handler_validation_of_an_encrypted_body_opens_envelopes_in_memory_only(
 def test_the_topology_option_is_required(v: str) -> None:
     result = broker.cli("parking", "edit", PARKING, "m-x", env=broker.cli_env(v))
     assert result.returncode == 64 and "--topology" in _one_line_error(result)
+
+
+def test_a_dry_run_shows_the_body_as_every_parking_view_does(
+    v: str, tmp_path: Path, sealed: tuple[Path, bytes]
+) -> None:
+    """Encrypted fields as [encrypted kid=…], the envelope's ciphertext never printed; in the
+    text output and in --json."""
+    _, body = sealed
+    _park(v, SECRET_PARKING, "m-secret-dry", body, origin=SECRET)
+    envelope = json.loads(body)["customer"]["name"]
+    ciphertext = envelope["ct"]
+    edited = body.replace(b'"qty":"many"', b'"qty":4')
+    (tmp_path / "fixed.json").write_bytes(edited)
+    log = tmp_path / "edits.log"
+    for extra in ([], ["--json"]):
+        shown = _edit(
+            v, SECRET_PARKING, "m-secret-dry", "--body-file", str(tmp_path / "fixed.json"),
+            "--audit-log", str(log), "--dry-run", *extra,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert ciphertext not in shown.stdout and "$rmqkit_enc" not in shown.stdout
+        assert "[encrypted kid=" in shown.stdout and '"qty": 4' in shown.stdout
+    assert _parked_ids(v, SECRET_PARKING) == ["m-secret-dry"] and not log.exists()
