@@ -143,8 +143,9 @@ def test_one_trace_from_outbox_add_through_failures_parking_replay_and_success(
     async def handle(message: rmqkit.Message) -> None:
         calls.append(message.attempt)
         logging.getLogger("rmqkit.app").warning("handling")
-        if not fixed:
-            raise ConnectionError("downstream is down")
+        with app_tracer.start_as_current_span("charge"):  # the handler's own span
+            if not fixed:
+                raise ConnectionError("downstream is down")
 
     async def main() -> list[dict[str, Any]]:
         nonlocal fixed
@@ -187,6 +188,9 @@ def test_one_trace_from_outbox_add_through_failures_parking_replay_and_success(
     assert [link.context.span_id for link in replay[0].links] == [second.context.span_id]
     assert success.parent is not None and success.parent.span_id == replay[0].context.span_id
     assert [link.context.span_id for link in success.links] == [second.context.span_id]
+    # the handler's own spans are children of its handling's
+    charges = sorted((s for s in spans if s.name == "charge"), key=lambda s: s.start_time or 0)
+    assert [c.parent.span_id for c in charges if c.parent] == [s.context.span_id for s in process]
     # outcome and semantic-convention attributes
     outcomes = [(s.attributes or {}).get("rmqkit.outcome") for s in process]
     assert outcomes == ["retried", "parked", "acked"]
