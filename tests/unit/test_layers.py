@@ -37,6 +37,7 @@ RANK = {
     # parking call; it needs neither the broker nor a store
     "crypto": 1,
     "delay": 2,  # rmqkit.delay: the delay ladder, declared and counted through broker.session
+    "deploy": 3,  # `rmqkit deploy`: manifests from a topology (reads it through a Protocol)
     "testing": 8,  # rmqkit.testing: users' test helpers over the consumer, parking and topology
 }
 CLIENT = ("aio_pika", "aiormq", "pamqp")
