@@ -203,19 +203,9 @@ class Tracing:
         its headers carry, linked to the previous handling (a retry's, a replay's)."""
         from opentelemetry.trace import SpanKind
 
-        attributes: dict[str, Any] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.name": "process",
-            "messaging.operation.type": "process",
-            "messaging.destination.name": queue,
-            "messaging.rabbitmq.message.delivery_tag": delivery_tag,
-            "messaging.message.body.size": body_size,
-            "rmqkit.exchange": exchange,
-        }
-        if routing_key:
-            attributes["messaging.rabbitmq.destination.routing_key"] = routing_key
-        if message_id:
-            attributes["messaging.message.id"] = message_id
+        attributes = _attributes("process", queue, routing_key, message_id, body_size)
+        attributes["messaging.rabbitmq.message.delivery_tag"] = delivery_tag
+        attributes["rmqkit.exchange"] = exchange
         with self.tracer.start_as_current_span(
             f"process {queue}",
             context=self.extract(headers),
@@ -244,17 +234,7 @@ class Tracing:
         ``parent``'s previous handling. Inject it into the message's headers inside."""
         from opentelemetry.trace import SpanKind
 
-        attributes: dict[str, Any] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.name": operation,
-            "messaging.operation.type": operation,
-            "messaging.destination.name": exchange,
-            "messaging.message.body.size": body_size,
-        }
-        if routing_key:
-            attributes["messaging.rabbitmq.destination.routing_key"] = routing_key
-        if message_id:
-            attributes["messaging.message.id"] = message_id
+        attributes = _attributes(operation, exchange, routing_key, message_id, body_size)
         with self.tracer.start_as_current_span(
             name or f"{operation} {exchange or '(default)'}",
             context=self.extract(parent),
@@ -263,6 +243,24 @@ class Tracing:
             links=self._links(parent),
         ) as span:
             yield span
+
+
+def _attributes(
+    operation: str, destination: str, routing_key: str, message_id: str | None, body_size: int
+) -> dict[str, Any]:
+    """The semantic conventions' attributes every rmqkit span has."""
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.name": operation,
+        "messaging.operation.type": operation,
+        "messaging.destination.name": destination,
+        "messaging.message.body.size": body_size,
+    }
+    if routing_key:
+        attributes["messaging.rabbitmq.destination.routing_key"] = routing_key
+    if message_id:
+        attributes["messaging.message.id"] = message_id
+    return attributes
 
 
 def context_headers() -> dict[str, str]:
