@@ -389,12 +389,7 @@ class _Collector(Collector):
             "Time the handler took, successful or not.",
             labels=["queue"],
         )
-        cumulative = list(accumulate(m._handler_buckets))
-        handler.add_metric(
-            q,
-            [(le, float(n)) for le, n in zip(_BUCKET_LABELS, cumulative, strict=True)],
-            m._handler_sum,
-        )
+        handler.add_metric(q, _cumulative(_BUCKET_LABELS, m._handler_buckets), m._handler_sum)
         yield handler
         yield from _conventions(m)
 
@@ -473,13 +468,11 @@ def _conventions(m: ConsumerMetrics) -> Iterator[Metric]:
         labels=[*base, "rmqkit_outcome"],
     )
     for outcome, buckets in list(m._process.items()):
-        cumulative = list(accumulate(buckets))
+        cumulative = _cumulative(_BUCKET_LABELS, buckets)
         duration.add_metric(
-            [SYSTEM, m.queue, "process", outcome],
-            [(le, float(n)) for le, n in zip(_BUCKET_LABELS, cumulative, strict=True)],
-            m._process_sum[outcome],
+            [SYSTEM, m.queue, "process", outcome], cumulative, m._process_sum[outcome]
         )
-        consumed.add_metric([SYSTEM, m.queue, outcome], cumulative[-1])
+        consumed.add_metric([SYSTEM, m.queue, outcome], cumulative[-1][1])
     yield duration
     yield consumed
     sent = CounterMetricFamily(
@@ -495,10 +488,10 @@ def _conventions(m: ConsumerMetrics) -> Iterator[Metric]:
         "At handling, seconds since the message was first published (its AMQP timestamp).",
         labels=["queue"],
     )
-    cumulative = list(accumulate(m._age_buckets))
-    age.add_metric(
-        [m.queue],
-        [(le, float(n)) for le, n in zip(_AGE_LABELS, cumulative, strict=True)],
-        m._age_sum,
-    )
+    age.add_metric([m.queue], _cumulative(_AGE_LABELS, m._age_buckets), m._age_sum)
     yield age
+
+
+def _cumulative(labels: tuple[str, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts as a Prometheus histogram's cumulative (le, count) pairs."""
+    return [(le, float(n)) for le, n in zip(labels, accumulate(counts), strict=True)]
