@@ -12,7 +12,10 @@ signal (a broker that blocks publishing, a connection that hangs) is abandoned: 
 confirmed by then are marked, the others stay pending untouched.
 
 A relay that cannot reach its broker or database when it starts exits with 69 (a supervisor
-restarts it); once it has run, a lost connection is retried with back-off.
+restarts it); once it has run, a lost connection is retried with back-off. A broker that
+answered and then closed the connection (an operator's ``close_all_connections``, a node
+shutting down: ``CONNECTION_FORCED``) is retried at start too: it is there, and the close says
+nothing about the configuration.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import logging
 import signal
 import time
 from typing import Final
+
+import aiormq.exceptions
 
 from rmqkit.broker.session import CONNECTION_ERRORS
 from rmqkit.errors import BrokerUnavailable, ConfigError, RmqkitError
@@ -47,6 +52,7 @@ __all__ = [
 log = logging.getLogger("rmqkit.outbox")
 
 RECONNECT_MAX_S: Final = 30.0
+CONNECTION_FORCED: Final = 320  # AMQP reply code: the broker (or an operator) closed us
 CLOSE_TIMEOUT_S: Final = 5.0  # a blocked broker never answers connection.close
 
 
@@ -147,7 +153,8 @@ class Relay(Batches, Housekeeping):
                 return
             except Exception as exc:
                 error = self._mapped(exc)
-                if isinstance(error, ConfigError) or not _is_unavailable(error) or not started:
+                fatal = not started and not _closed_by_broker(exc)
+                if isinstance(error, ConfigError) or not _is_unavailable(error) or fatal:
                     # At start, unreachable is an exit (69) for the supervisor to restart.
                     raise error from exc
                 log.warning("outbox relay: %s; reconnecting in %.0f s", error, delay)
@@ -158,6 +165,10 @@ class Relay(Batches, Housekeeping):
     def _mapped(self, exc: BaseException) -> BaseException:
         if isinstance(exc, RmqkitError):
             return exc
+        if isinstance(exc, aiormq.exceptions.AMQPError):
+            # Before the database's mapping: aiormq's errors are OSErrors too, and a closed
+            # broker connection was reported as "cannot reach database".
+            return BrokerUnavailable(f"broker connection lost: {exc}")
         text = str(exc)
         if TABLE in text and ("does not exist" in text or "no such table" in text):
             # At start, or dropped under a running relay (a migration rolled back): 78, one line.
@@ -212,6 +223,16 @@ class Relay(Batches, Housekeeping):
 
 def _is_unavailable(error: BaseException) -> bool:
     return isinstance(error, RmqkitError) and error.exit_code == 69
+
+
+def _closed_by_broker(exc: BaseException) -> bool:
+    """The broker answered, then closed the connection with CONNECTION_FORCED (it is there)."""
+    seen: BaseException | None = exc
+    while seen is not None:  # the broker layer may have wrapped it
+        if isinstance(seen, aiormq.exceptions.ConnectionClosed):
+            return seen.errno == CONNECTION_FORCED
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 async def run_relay(settings: Settings, options: RelayOptions) -> RelayReport:

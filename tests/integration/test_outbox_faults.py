@@ -101,6 +101,30 @@ def test_broker_connections_closed_while_a_daemon_relay_publishes(vhost: str, pg
     print(f"relay: {out.strip()}; {closes} closes; copies {len(got)} for {len(ids)} rows")
 
 
+def test_connections_closed_from_the_relays_first_moment(vhost: str, pg: str) -> None:
+    """Its connections closed again and again from the moment it starts (its first connect
+    included): a broker that answered and closed (CONNECTION_FORCED) is not "unreachable at
+    start", so the relay keeps retrying instead of exiting 69, then publishes every row."""
+    exchange, queue = _names()
+    declare(vhost, exchange, queue)
+    ids = _fill(pg, exchange, 2000, pad=8192)  # 16 MB: publishing takes a while
+    relay = relay_process(pg, vhost, "--batch", "50", "--poll", "100ms")
+    closes = 0
+    try:
+        for _ in range(30):  # several seconds of closes, the first before its handshake
+            result = broker.rabbitmqctl("close_all_connections", "-p", vhost, "test: forced")
+            closes += "Closed 0 connections" not in result.stdout
+            assert relay.poll() is None, relay.communicate()[1][-3000:]
+        _wait(lambda: all(p for p, _, _ in _rows(pg).values()), "rows left pending", 60)
+        assert relay.poll() is None, relay.communicate()
+    finally:
+        out, err = _stop(relay)
+    assert relay.returncode == 0, out + err
+    assert "cannot reach database" not in err  # a broker close is not reported as the database
+    counts = collections.Counter(m["message_id"] for m in collect(vhost, queue))
+    assert closes >= 2 and set(counts) == set(ids)
+
+
 def test_postgres_backend_terminated_between_confirm_and_mark(
     vhost: str, pg: str, tmp_path: Path
 ) -> None:
