@@ -46,6 +46,26 @@ CONNECTION_ERRORS: Final[tuple[type[BaseException], ...]] = (
 )
 """What a lost connection or channel raises (catch these to reconnect)."""
 
+AMQP_ERRORS: Final[tuple[type[BaseException], ...]] = (
+    aiormq.exceptions.AMQPError,
+    aiormq.exceptions.ChannelInvalidStateError,
+)
+"""What the AMQP client itself raises: the broker's errors (they are ``OSError`` subclasses too,
+so check these before anything that maps ``OSError`` to another peer)."""
+
+CONNECTION_FORCED: Final = 320  # AMQP reply code: the broker (or an operator) closed us
+
+
+def closed_by_broker(exc: BaseException) -> bool:
+    """Whether the broker answered, then closed the connection with ``CONNECTION_FORCED``
+    (``close_all_connections``, a node shutting down): it is there, whatever else is wrong."""
+    seen: BaseException | None = exc
+    while seen is not None:  # a caller may have wrapped it
+        if isinstance(seen, aiormq.exceptions.ConnectionClosed):
+            return seen.errno == CONNECTION_FORCED
+        seen = seen.__cause__ or seen.__context__
+    return False
+
 
 class DeliverFrame(Protocol):
     """The ``basic.deliver`` method of a delivery."""
@@ -220,11 +240,14 @@ class Channel:
 
 
 __all__ = [
+    "AMQP_ERRORS",
     "CONNECTION_ERRORS",
+    "CONNECTION_FORCED",
     "Channel",
     "ContentHeader",
     "DeliverFrame",
     "Delivery",
     "OnDelivery",
     "QueueDepth",
+    "closed_by_broker",
 ]

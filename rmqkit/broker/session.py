@@ -55,7 +55,15 @@ from aio_pika.abc import AbstractConnection
 
 from rmqkit.broker.amqp import amqp_errors_mapped, connect, parse_version, raw_connection
 from rmqkit.broker.blocking import BlockWatch, reporting_blocks
-from rmqkit.broker.channel import CONNECTION_ERRORS, Channel, Delivery, OnDelivery, QueueDepth
+from rmqkit.broker.channel import (
+    AMQP_ERRORS,
+    CONNECTION_ERRORS,
+    Channel,
+    Delivery,
+    OnDelivery,
+    QueueDepth,
+    closed_by_broker,
+)
 from rmqkit.broker.codec import typed_decoding
 from rmqkit.broker.confirms import ConfirmedPublisher, Outcome, outcome_of
 from rmqkit.broker.management import ManagementClient
@@ -321,6 +329,7 @@ def access_refused(exc: BaseException) -> str | None:
 
 
 __all__ = [
+    "AMQP_ERRORS",
     "CONNECTION_ERRORS",
     "DEFAULT_WINDOW",
     "BlockWatch",
@@ -332,6 +341,7 @@ __all__ = [
     "QueueDepth",
     "Session",
     "access_refused",
+    "closed_by_broker",
     "open_session",
     "outcome_of",
     "session",

@@ -27,9 +27,7 @@ import signal
 import time
 from typing import Final
 
-import aiormq.exceptions
-
-from rmqkit.broker.session import CONNECTION_ERRORS
+from rmqkit.broker.session import AMQP_ERRORS, CONNECTION_ERRORS, closed_by_broker
 from rmqkit.errors import BrokerUnavailable, ConfigError, RmqkitError
 from rmqkit.outbox.batch import BACKOFF_MAX_S, Batches
 from rmqkit.outbox.housekeeping import Housekeeping
@@ -52,7 +50,6 @@ __all__ = [
 log = logging.getLogger("rmqkit.outbox")
 
 RECONNECT_MAX_S: Final = 30.0
-CONNECTION_FORCED: Final = 320  # AMQP reply code: the broker (or an operator) closed us
 CLOSE_TIMEOUT_S: Final = 5.0  # a blocked broker never answers connection.close
 
 
@@ -153,7 +150,7 @@ class Relay(Batches, Housekeeping):
                 return
             except Exception as exc:
                 error = self._mapped(exc)
-                fatal = not started and not _closed_by_broker(exc)
+                fatal = not started and not closed_by_broker(exc)
                 if isinstance(error, ConfigError) or not _is_unavailable(error) or fatal:
                     # At start, unreachable is an exit (69) for the supervisor to restart.
                     raise error from exc
@@ -165,7 +162,7 @@ class Relay(Batches, Housekeeping):
     def _mapped(self, exc: BaseException) -> BaseException:
         if isinstance(exc, RmqkitError):
             return exc
-        if isinstance(exc, aiormq.exceptions.AMQPError):
+        if isinstance(exc, AMQP_ERRORS):
             # Before the database's mapping: aiormq's errors are OSErrors too, and a closed
             # broker connection was reported as "cannot reach database".
             return BrokerUnavailable(f"broker connection lost: {exc}")
@@ -223,16 +220,6 @@ class Relay(Batches, Housekeeping):
 
 def _is_unavailable(error: BaseException) -> bool:
     return isinstance(error, RmqkitError) and error.exit_code == 69
-
-
-def _closed_by_broker(exc: BaseException) -> bool:
-    """The broker answered, then closed the connection with CONNECTION_FORCED (it is there)."""
-    seen: BaseException | None = exc
-    while seen is not None:  # the broker layer may have wrapped it
-        if isinstance(seen, aiormq.exceptions.ConnectionClosed):
-            return seen.errno == CONNECTION_FORCED
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 async def run_relay(settings: Settings, options: RelayOptions) -> RelayReport:

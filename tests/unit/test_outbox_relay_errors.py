@@ -9,9 +9,10 @@ from pathlib import Path
 
 import aiormq.exceptions
 
+from rmqkit.broker.session import closed_by_broker
 from rmqkit.errors import BrokerUnavailable
 from rmqkit.outbox.options import RelayOptions
-from rmqkit.outbox.relay import Relay, _closed_by_broker
+from rmqkit.outbox.relay import Relay
 from rmqkit.settings import Settings
 
 
@@ -34,7 +35,7 @@ def test_only_a_close_the_broker_sent_counts_as_the_broker_being_there() -> None
         except aiormq.exceptions.ConnectionClosed as exc:
             raise BrokerUnavailable("broker connection lost") from exc
     except BrokerUnavailable as wrapped:
-        assert _closed_by_broker(wrapped)  # found through the wrapping
-    assert _closed_by_broker(forced)
-    assert not _closed_by_broker(aiormq.exceptions.ConnectionClosed(403, "ACCESS_REFUSED"))
-    assert not _closed_by_broker(ConnectionRefusedError(111, "Connection refused"))
+        assert closed_by_broker(wrapped)  # found through the wrapping
+    assert closed_by_broker(forced)
+    assert not closed_by_broker(aiormq.exceptions.ConnectionClosed(403, "ACCESS_REFUSED"))
+    assert not closed_by_broker(ConnectionRefusedError(111, "Connection refused"))
