@@ -21,7 +21,7 @@ import pytest
 
 from tests import broker
 
-pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
+pytestmark = pytest.mark.broker
 
 WORK = "ha.work"
 PARKING = "ha.work.parking"

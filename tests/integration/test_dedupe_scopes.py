@@ -29,8 +29,6 @@ from tests import broker
 from tests.consumer_harness import ConsumerProcess, effects, wait_until
 from tests.dedupe_harness import BACKENDS, old_store, query, store_dsn
 
-pytestmark = pytest.mark.semantics("4.3")
-
 COUNT = 200
 
 

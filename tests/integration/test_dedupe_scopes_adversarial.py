@@ -30,8 +30,6 @@ from tests import broker
 from tests.consumer_harness import ConsumerProcess, effects, wait_until
 from tests.dedupe_harness import query, store_dsn
 
-pytestmark = pytest.mark.semantics("4.3")
-
 TOPOLOGY = """
 [exchanges."adv"]
 type = "direct"

@@ -24,8 +24,6 @@ from tests.integration.test_embedded_consumer import (
     until,
 )
 
-pytestmark = pytest.mark.semantics("4.3")
-
 
 @pytest.fixture
 def settings(vhost: str) -> Settings:

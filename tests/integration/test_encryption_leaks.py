@@ -47,8 +47,6 @@ from tests import broker
 from tests.consumer_harness import ROOT, wait_until
 from tests.integration.test_outbox import drop_schema, pg_schema_dsn
 
-pytestmark = pytest.mark.semantics("4.3")
-
 TOKEN = "ZqX7wP"  # in every planted value, at both ends: survives quoting, escaping, truncation
 TOPOLOGY = """
 [exchanges.lk]

@@ -41,8 +41,6 @@ from tests import broker
 from tests.consumer_harness import ROOT, wait_until
 from tests.integration.test_encryption_leaks import TOKEN, Consumer, Setup, planted
 
-pytestmark = pytest.mark.semantics("4.3")
-
 TOPOLOGY = """
 [exchanges.lk]
 type = "direct"

@@ -10,12 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from rmqkit.headers import ATTEMPT, PARK_REASON
 from tests import broker
-
-pytestmark = pytest.mark.semantics("4.3")
 
 FILES = ["topologies/shop.toml", "shop_handlers.py", "test_shop_handlers.py", "README.shop.md"]
 

@@ -31,8 +31,6 @@ from rmqkit.topology import load_topology
 from rmqkit.topology.apply import declare_topology
 from tests import broker
 
-pytestmark = pytest.mark.semantics("4.3")
-
 WORK = "oc.work"
 PARKING = "oc.work.parking"
 SLOW = "oc.slow"

@@ -28,8 +28,6 @@ import pytest
 from rmqkit.settings import with_vhost
 from tests import broker
 
-pytestmark = pytest.mark.semantics("4.3")
-
 ROOT = Path(__file__).resolve().parents[2]
 DEAD_AMQP = "amqp://guest:guest@127.0.0.1:1/"
 

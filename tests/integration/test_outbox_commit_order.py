@@ -18,7 +18,7 @@ import pytest
 import rmqkit.outbox
 from tests.integration.test_outbox import collect, declare, drop_schema, outbox, pg_schema_dsn
 
-pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
+pytestmark = pytest.mark.broker
 
 
 @pytest.fixture

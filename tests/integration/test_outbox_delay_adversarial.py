@@ -54,7 +54,7 @@ from tests.integration.test_outbox_delayed import (
 )
 from tests.integration.test_outbox_lifecycle import _exit_of, _one_line
 
-pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
+pytestmark = pytest.mark.broker
 
 
 # --- delayed rows whose exit breaks ---------------------------------------------------------

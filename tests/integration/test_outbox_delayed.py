@@ -27,7 +27,7 @@ from tests import broker
 from tests.integration.test_outbox import declare, relay_process
 from tests.integration.test_outbox_adversarial import _rows, _stop, _wait
 
-pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
+pytestmark = pytest.mark.broker
 
 
 def sqlite_outbox(tmp_path: Path, name: str = "app.db") -> str:

@@ -13,8 +13,6 @@ from rmqkit.errors import ExitCode
 from rmqkit.topology import declare_topology, load_topology
 from tests import broker
 
-pytestmark = pytest.mark.semantics("4.3")
-
 ROOT = Path(__file__).resolve().parents[2]
 ORDERS = ROOT / "topologies" / "orders.toml"
 

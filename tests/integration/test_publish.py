@@ -10,12 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from rmqkit.topology import declare_topology, load_topology
 from tests import broker
-
-pytestmark = pytest.mark.semantics("4.3")
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUNDED = (

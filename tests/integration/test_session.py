@@ -15,7 +15,7 @@ from rmqkit.errors import ConfigError, DataError
 from rmqkit.settings import with_vhost
 from tests import broker
 
-pytestmark = [pytest.mark.broker, pytest.mark.semantics("4.3")]
+pytestmark = pytest.mark.broker
 
 
 async def _declare(vhost: str, *names: str) -> None:

@@ -19,8 +19,6 @@ from rmqkit.broker.session import session
 from rmqkit.delay import Ladder, declare_ladder
 from tests import broker
 
-pytestmark = pytest.mark.semantics("4.3")
-
 SHARED = Ladder(prefix="rmqkit.delay", unit_ms=1000, bits=8)  # 1 s units, up to 255 s
 OWN = Ladder(prefix="sf.work.delay", unit_ms=1000, bits=8)  # sf.work's own ladder
 WORK_QUEUES = {

@@ -10,11 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests import broker
-
-pytestmark = pytest.mark.semantics("4.3")
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "testing.md"

@@ -24,8 +24,6 @@ from rmqkit.settings import Settings, load_settings
 from rmqkit.testing import HandlerAborted, HandlerResult, RmqkitBroker, run_handler, run_retries
 from tests import broker
 
-pytestmark = pytest.mark.semantics("4.3")
-
 QUEUE = "tp.work"
 TOPOLOGY = """
 [exchanges.tp]

@@ -22,8 +22,6 @@ from rmqkit.topology import declare_topology, parse_topology
 from tests import broker
 from tests.handlers import body
 
-pytestmark = pytest.mark.semantics("4.3")
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -9,13 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from rmqkit.topology import declare_topology, parse_topology
 from tests import broker
 from tests.integration.test_topology_resolution import topology_text
-
-pytestmark = pytest.mark.semantics("4.3")
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -34,8 +34,6 @@ import pytest
 
 from tests import broker
 
-pytestmark = pytest.mark.semantics("4.3")
-
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "tutorial.md"
 TOKEN = re.compile(
