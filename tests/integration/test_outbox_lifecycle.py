@@ -132,6 +132,7 @@ def _node_env(node: AlarmNode) -> dict[str, str]:
 
 
 @pytest.mark.timing
+@pytest.mark.own_node  # starts the alarm node (one per host: tests/integration/alarm_node.py)
 def test_sigterm_stops_a_relay_blocked_by_a_memory_alarm_within_its_grace(
     alarm_node: AlarmNode, tmp_path: Path
 ) -> None:
